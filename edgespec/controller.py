@@ -1,0 +1,459 @@
+"""Adaptive draft length: choose k (0 = plain decoding) to maximise expected tokens per second.
+
+One speculative cycle drafts k tokens and verifies k + 1 positions in one batched target decode.
+With a_j the chance that draft position j is accepted given that positions 1..j-1 were:
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j            expected tokens emitted by the cycle
+    T(k) = k * c_draft + c_verify(k + 1) + overhead      cycle time in seconds
+    E(0) = 1,  T(0) = c_verify(1) + overhead             plain decoding
+
+and the long-run rate of a policy that always drafts k is E(k) / T(k) tokens per second (renewal-reward
+theorem). `best_k` maximises it, `CostModel` holds c_draft, c_verify(n) and the overhead,
+`AcceptanceEstimator` estimates a_j online, and `Controller` ties them together: it decides k per cycle,
+falls back to plain decoding when drafting does not pay, re-probes now and then, and stops a draft early
+when the draft's own confidence says the next token is not worth its cost.
+
+Everything here is deterministic given its inputs: timings are passed in, nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .config import SpecConfig
+
+# Rates within this relative distance count as a tie (broken towards the smaller k).
+_TIE_RTOL = 1e-12
+
+
+def expected_tokens(a: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j: expected tokens emitted by a cycle that drafts k tokens.
+
+    The 1 is the token the target always contributes (the correction at the first rejection, or the bonus
+    token after k acceptances).
+    """
+    if k < 0 or k > len(a):
+        raise ValueError(f"k must be in [0, {len(a)}], got {k}")
+    total, run = 1.0, 1.0
+    for j in range(k):
+        run *= float(a[j])
+        total += run
+    return total
+
+
+class CostModel:
+    """Seconds per cycle: T(k) = k * c_draft + verify(k + 1) + overhead.
+
+    verify(n) is the time of one batched target decode of n tokens, calibrated from measurements
+    {n: seconds}. Between measured sizes it interpolates linearly; above the largest it extrapolates along
+    the line through the last two points; below the smallest along the line through the first two, but
+    never below v(n0) * n / n0 (batching never makes a token dearer than decoding it in a smaller batch).
+    Measured values are made monotone non-decreasing in n (a running maximum), so noise can never make a
+    larger batch look cheaper. With a single measurement, verify is flat above it (GPU-like) until other
+    sizes are observed.
+
+    update_verify / update_draft / update_overhead refine the model online with an exponential moving
+    average, x <- (1 - alpha) x + alpha * measured, kept per batch size n; the first measurement of a size
+    that was not calibrated is taken as is.
+    """
+
+    def __init__(
+        self,
+        verify_seconds: Mapping[int, float],
+        c_draft: float = 0.0,
+        overhead: float = 0.0,
+        alpha: float = 0.2,
+    ) -> None:
+        if not verify_seconds:
+            raise ValueError("verify_seconds needs at least one measurement {n: seconds}")
+        if not (0.0 < alpha <= 1.0):
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        if c_draft < 0 or overhead < 0:
+            raise ValueError("c_draft and overhead must be >= 0")
+        self._points: dict[int, float] = {}
+        for n, s in verify_seconds.items():
+            if int(n) < 1 or not (s > 0):
+                raise ValueError(f"verify measurements need n >= 1 and seconds > 0, got {n}: {s}")
+            self._points[int(n)] = float(s)
+        self.c_draft = float(c_draft)
+        self.overhead = float(overhead)
+        self.alpha = float(alpha)
+        self._rebuild()
+
+    @classmethod
+    def from_relative(
+        cls,
+        c_token: float,
+        relative: Mapping[int, float],
+        c_draft: float = 0.0,
+        overhead: float = 0.0,
+        alpha: float = 0.2,
+    ) -> "CostModel":
+        """Build from the single-token time and batch costs relative to it, e.g. {1: 1, 4: 1.7, 8: 3.4}."""
+        return cls({n: c_token * r for n, r in relative.items()}, c_draft, overhead, alpha)
+
+    def _rebuild(self) -> None:
+        ns = sorted(self._points)
+        self._ns = np.array(ns, dtype=float)
+        self._vs = np.maximum.accumulate(np.array([self._points[n] for n in ns], dtype=float))
+
+    @property
+    def points(self) -> dict[int, float]:
+        """The current (monotone) verify measurements {n: seconds}."""
+        return {int(n): float(v) for n, v in zip(self._ns, self._vs)}
+
+    def verify(self, n: int) -> float:
+        """Seconds for one target decode of a batch of n tokens."""
+        if n < 1:
+            raise ValueError(f"batch size must be >= 1, got {n}")
+        ns, vs = self._ns, self._vs
+        if len(ns) == 1:
+            return float(vs[0] if n >= ns[0] else vs[0] * n / ns[0])
+        if n <= ns[0]:
+            slope = (vs[1] - vs[0]) / (ns[1] - ns[0])
+            return float(max(vs[0] - (ns[0] - n) * slope, vs[0] * n / ns[0]))
+        if n >= ns[-1]:
+            slope = (vs[-1] - vs[-2]) / (ns[-1] - ns[-2])
+            return float(vs[-1] + (n - ns[-1]) * slope)
+        return float(np.interp(n, ns, vs))
+
+    def cycle_time(self, k: int) -> float:
+        """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step."""
+        return k * self.c_draft + self.verify(k + 1) + self.overhead
+
+    def _ema(self, old: float, new: float) -> float:
+        return (1.0 - self.alpha) * old + self.alpha * new
+
+    def update_verify(self, n: int, seconds: float) -> None:
+        """Fold in one measured target decode of n tokens."""
+        if n < 1 or not (seconds > 0):
+            return
+        old = self._points.get(n)
+        self._points[n] = float(seconds) if old is None else self._ema(old, float(seconds))
+        self._rebuild()
+
+    def update_draft(self, seconds_per_token: float) -> None:
+        """Fold in one measured draft time per drafted token."""
+        if seconds_per_token >= 0:
+            self.c_draft = self._ema(self.c_draft, float(seconds_per_token))
+
+    def update_overhead(self, seconds: float) -> None:
+        """Fold in one measured per-cycle overhead (sampling, acceptance, bookkeeping)."""
+        if seconds >= 0:
+            self.overhead = self._ema(self.overhead, float(seconds))
+
+
+def _rates(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, float]:
+    """{k: E(k) / T(k)} for k = 0 and k_min..k_max (k_max clipped to len(a))."""
+    k_max = min(k_max, len(a))
+    rates = {0: 1.0 / cost.cycle_time(0)}
+    run, e = 1.0, 1.0
+    for k in range(1, k_max + 1):
+        run *= float(a[k - 1])
+        e += run
+        if k >= k_min:
+            rates[k] = e / cost.cycle_time(k)
+    return rates
+
+
+def best_k(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> int:
+    """argmax over k in {0} ∪ [k_min, k_max] of E(k) / T(k); k = 0 is plain decoding (E = 1).
+
+    Ties (rates within a relative 1e-12) go to the smaller k. k_max is clipped to len(a).
+    """
+    rates = _rates(a, cost, k_max, k_min)
+    top = max(rates.values())
+    return min(k for k, r in rates.items() if r >= top * (1.0 - _TIE_RTOL))
+
+
+def best_rate(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> float:
+    """max over k in {0} ∪ [k_min, k_max] of E(k) / T(k), in tokens per second."""
+    return max(_rates(a, cost, k_max, k_min).values())
+
+
+class AcceptanceEstimator:
+    """Online estimate of a_j, the chance that draft position j (1..k_max) is accepted given 1..j-1 were.
+
+    Each position keeps decayed counts of acceptances s_j and rejections f_j. A cycle that drafted n tokens
+    and had m accepted observes positions 1..m as accepted, position m+1 as rejected when m < n, and leaves
+    later positions unobserved. Counts are multiplied by `decay` per emitted token (plain tokens included,
+    via `age`), so the estimate follows the text being written: evidence from ~1/(1-decay) tokens ago
+    weighs 1/e.
+
+    Deep positions are observed rarely, so they borrow strength from the pooled rate (shrinkage):
+
+        pooled = (sum_j s_j + w * prior_mean) / (sum_j (s_j + f_j) + w)
+        a_j    = (s_j + w * pooled) / (s_j + f_j + w)              with w = prior_strength,
+
+    i.e. a Beta(w * pooled, w * (1 - pooled)) prior per position whose mean is itself estimated.
+    """
+
+    def __init__(
+        self, k_max: int, prior_mean: float = 0.5, prior_strength: float = 2.0, decay: float = 0.99
+    ) -> None:
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        if not (0.0 < prior_mean < 1.0) or not (prior_strength > 0) or not (0.0 < decay <= 1.0):
+            raise ValueError("need 0 < prior_mean < 1, prior_strength > 0, 0 < decay <= 1")
+        self.k_max = k_max
+        self.prior_mean = prior_mean
+        self.prior_strength = prior_strength
+        self.decay = decay
+        self.accepted = np.zeros(k_max)
+        self.rejected = np.zeros(k_max)
+
+    def age(self, n_tokens: int = 1) -> None:
+        """Let n_tokens of text pass: multiply all counts by decay ** n_tokens."""
+        factor = self.decay ** max(n_tokens, 0)
+        self.accepted *= factor
+        self.rejected *= factor
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        """Fold in one cycle (ageing the counts by the n_accepted + 1 tokens it emitted)."""
+        if not (0 <= n_accepted <= n_drafted):
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        self.age(n_accepted + 1)
+        n_drafted, n_accepted = min(n_drafted, self.k_max), min(n_accepted, self.k_max)
+        self.accepted[:n_accepted] += 1.0
+        if n_accepted < n_drafted:
+            self.rejected[n_accepted] += 1.0
+
+    def pooled(self) -> float:
+        """Acceptance rate over all positions, shrunk towards prior_mean."""
+        w = self.prior_strength
+        s, n = self.accepted.sum(), self.accepted.sum() + self.rejected.sum()
+        return float((s + w * self.prior_mean) / (n + w))
+
+    def rates(self) -> np.ndarray:
+        """Estimates a_1..a_k_max (an array of length k_max)."""
+        w = self.prior_strength
+        return (self.accepted + w * self.pooled()) / (self.accepted + self.rejected + w)
+
+
+class Controller:
+    """Chooses the draft length of each cycle; see the module docstring for the cost model.
+
+    Protocol, once per cycle: `k = next_k()`; if k > 0 draft up to k tokens, calling
+    `keep_drafting(i, c)` after the i-th and stopping when it says False; verify; then
+    `observe(n_drafted, n_accepted, t_draft, t_verify)`. A next_k() of 0 counts as one plain token (for
+    the probe schedule and the estimator's ageing), so observing plain steps is optional; when they are
+    observed, as observe(0, 0, 0.0, t_verify), they refine verify(1).
+
+    Policy (adaptive): speculating, each cycle drafts best_k(estimated a, cost). When that is 0 the
+    controller decodes plainly and, after `probe_interval` plain tokens, spends one probe cycle drafting
+    `probe_k` tokens. If the probe's evidence makes speculation pay, it resumes; otherwise the interval
+    doubles (up to `max_probe_interval`). When a resumed run falls back to plain, it is judged by what it
+    actually delivered: tokens per second over the run (probe included) above the plain rate 1 / T(0)
+    resets the interval, below it counts as one more failed probe. With spec.adaptive False it always
+    drafts spec.draft_max and never stops early.
+
+    draft_is_free pins cost.c_draft to 0 and ignores t_draft (an n-gram lookup).
+    """
+
+    def __init__(
+        self,
+        spec: SpecConfig,
+        cost: CostModel,
+        draft_is_free: bool = False,
+        *,
+        estimator: AcceptanceEstimator | None = None,
+        probe_k: int = 2,
+        probe_interval: int = 16,
+        max_probe_interval: int = 256,
+        confidence_weight: float = 0.5,
+    ) -> None:
+        if probe_interval < 1 or max_probe_interval < probe_interval:
+            raise ValueError("need 1 <= probe_interval <= max_probe_interval")
+        if not (0.0 <= confidence_weight <= 1.0):
+            raise ValueError(f"confidence_weight must be in [0, 1], got {confidence_weight}")
+        self.spec = spec
+        self.cost = cost
+        self.draft_is_free = draft_is_free
+        if draft_is_free:  # drafting costs nothing: pin c_draft (of this cost model) to 0
+            cost.c_draft = 0.0
+        k_cap = max(spec.draft_max, 1)
+        self.estimator = estimator if estimator is not None else AcceptanceEstimator(k_cap)
+        if self.estimator.k_max < spec.draft_max:
+            raise ValueError(f"the estimator covers {self.estimator.k_max} positions, draft_max is {spec.draft_max}")
+        self.probe_k = min(max(probe_k, spec.draft_min), spec.draft_max)
+        self.base_interval = probe_interval
+        self.max_interval = max_probe_interval
+        self.confidence_weight = confidence_weight
+        # Start plain with a probe due: the first cycle gathers evidence at a small cost.
+        self._plain = True
+        self._interval = probe_interval
+        self._plain_run = probe_interval
+        self._run_tokens = 0  # tokens and seconds of the current speculative run (since leaving plain)
+        self._run_seconds = 0.0
+        self._planned = 0
+        self._confidences: dict[int, float] = {}
+        # Statistics.
+        self.decisions: Counter[int] = Counter()
+        self.drafted: Counter[int] = Counter()
+        self.cycles = 0
+        self.probes = 0
+        self.failed_probes = 0
+        self.tokens_drafted = 0
+        self.tokens_accepted = 0
+
+    # -- decisions -----------------------------------------------------------------------------------
+
+    def _a(self) -> np.ndarray:
+        return self.estimator.rates()[: self.spec.draft_max]
+
+    def _best(self) -> int:
+        return best_k(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+
+    @property
+    def plain(self) -> bool:
+        """True while the controller has fallen back to plain decoding (probes aside)."""
+        return self.spec.adaptive and self._plain
+
+    @property
+    def probe_interval(self) -> int:
+        """Plain tokens between probes at present."""
+        return self._interval
+
+    def next_k(self) -> int:
+        """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft."""
+        spec = self.spec
+        if spec.draft_max == 0:
+            k = 0
+        elif not spec.adaptive:
+            k = spec.draft_max
+        else:
+            if not self._plain:
+                k = self._best()
+                if k == 0:
+                    self._enter_plain()
+            if self._plain:
+                k = self.probe_k if self._plain_run >= self._interval else 0
+            if k == 0:  # one plain token is about to pass
+                self._plain_run += 1
+                self.estimator.age(1)
+        self.decisions[k] += 1
+        self._planned = k
+        self._confidences = {}
+        return k
+
+    def keep_drafting(self, position: int, confidence: float) -> bool:
+        """After drafting token i = position (1-based) with confidence c, should it draft token i + 1?
+
+        c is the draft's probability of the token it just drafted (or its max probability for the next
+        position). Acceptance is predicted by blending with the position estimates, weight w:
+
+            â_j     = w c_j + (1 - w) a_j        for the drafted positions j <= i (their confidences)
+            â_{i+1} = w c_i + (1 - w) a_{i+1}    (confidence carries over to the next position)
+            â_m     = a_m                        for m > i + 1
+
+        With ρ* the best long-run rate (best_rate of the plain estimates, plain decoding included), drafting
+        on to some length m > i pays when it adds more tokens than the time it costs is worth at ρ*:
+
+            continue  ⇔  max_{m>i} [E(m) - E(i)] - ρ* [T(m) - T(i)] > 0,
+
+        with E computed from â. (Stopping restarts a cycle whose rate is ρ*; renewal-reward.) Probe cycles
+        draft their full length, no cycle stops before spec.draft_min, and with adaptive False it is simply
+        i < draft_max.
+        """
+        i, c = position, float(confidence)
+        spec = self.spec
+        if i >= spec.draft_max:
+            return False
+        if not spec.adaptive:
+            return True
+        self._confidences[i] = c
+        if self._plain:  # a probe gathers evidence: draft all of it
+            return i < self._planned
+        if i < spec.draft_min:
+            return True
+        a = self._a()
+        w = self.confidence_weight
+        a_hat = a.copy()
+        for j, cj in self._confidences.items():
+            if 1 <= j <= i:
+                a_hat[j - 1] = w * cj + (1.0 - w) * a[j - 1]
+        a_hat[i] = w * c + (1.0 - w) * a[i]
+        rho = best_rate(a, self.cost, spec.draft_max, spec.draft_min)
+        e_i = expected_tokens(a_hat, i)
+        t_i = self.cost.cycle_time(i)
+        run, e = float(np.prod(a_hat[:i])), e_i
+        for m in range(i + 1, spec.draft_max + 1):
+            run *= float(a_hat[m - 1])
+            e += run
+            if (e - e_i) - rho * (self.cost.cycle_time(m) - t_i) > 0:
+                return True
+        return False
+
+    # -- feedback ------------------------------------------------------------------------------------
+
+    def observe(self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
+        """Fold in one finished cycle: n_drafted tokens drafted (0 = a plain step), n_accepted of them
+        accepted, t_draft seconds drafting, t_verify seconds in the target decode of n_drafted + 1 tokens.
+        """
+        if not (0 <= n_accepted <= n_drafted):
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        self.cycles += 1
+        self.drafted[n_drafted] += 1
+        self.tokens_drafted += n_drafted
+        self.tokens_accepted += n_accepted
+        self.cost.update_verify(n_drafted + 1, t_verify)
+        if n_drafted == 0:  # a plain step: next_k already counted it
+            return
+        if not self.draft_is_free:
+            self.cost.update_draft(t_draft / n_drafted)
+        self.estimator.update(n_drafted, n_accepted)
+        if not self.spec.adaptive:
+            return
+        if self._plain:  # the result of a probe
+            self.probes += 1
+            if self._best() > 0:
+                self._plain, self._run_tokens, self._run_seconds = False, 0, 0.0
+            else:
+                self._probe_failed()
+                return
+        self._run_tokens += n_accepted + 1
+        self._run_seconds += t_draft + t_verify + self.cost.overhead
+
+    def _probe_failed(self) -> None:
+        self.failed_probes += 1
+        self._interval = min(2 * self._interval, self.max_interval)
+        self._plain_run = 0
+
+    def _enter_plain(self) -> None:
+        self._plain = True
+        if self._run_tokens * self.cost.cycle_time(0) > self._run_seconds:  # the run beat plain decoding
+            self._interval = self.base_interval
+            self._plain_run = 0
+        else:  # the probe that started this run did not really pay
+            self._probe_failed()
+
+    def stats(self) -> dict:
+        """Decisions and outcomes so far, for reports."""
+        return {
+            "k_chosen": dict(sorted(self.decisions.items())),
+            "k_drafted": dict(sorted(self.drafted.items())),
+            "cycles": self.cycles,
+            "probes": self.probes,
+            "failed_probes": self.failed_probes,
+            "probe_interval": self._interval,
+            "plain": self.plain,
+            "tokens_drafted": self.tokens_drafted,
+            "tokens_accepted": self.tokens_accepted,
+            "acceptance": self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None,
+            "a_estimate": [round(float(x), 4) for x in self._a()],
+            "c_draft": self.cost.c_draft,
+            "verify": self.cost.points,
+        }
+
+
+__all__ = [
+    "expected_tokens",
+    "CostModel",
+    "best_k",
+    "best_rate",
+    "AcceptanceEstimator",
+    "Controller",
+]

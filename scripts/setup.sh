@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Set up edgespec in a virtual environment with a llama-cpp-python build that fits this machine.
+#
+#   scripts/setup.sh            # venv at .venv (override with EDGESPEC_VENV)
+#
+# * Linux x86-64: GGML_NATIVE=OFF and the SIMD flags this CPU really reports (AVX2, AVX512, VNNI...),
+#   never AMX (some VMs advertise AMX but fault on `tilezero`, killing decode with SIGILL).
+# * NVIDIA (nvcc on PATH and a GPU visible to nvidia-smi): -DGGML_CUDA=on.
+# * macOS: Metal (llama.cpp's default there; made explicit with -DGGML_METAL=on on arm64).
+# * EDGESPEC_CMAKE_ARGS replaces the detected flags entirely.
+#
+# pip's wheel cache ignores CMAKE_ARGS, so this script never uses it for llama-cpp-python: the wheel it
+# builds is kept in ~/.cache/edgespec/wheels/<key>/, where <key> hashes the version, the CMake flags, the
+# Python version and the platform. A second run with the same configuration reuses that wheel (seconds);
+# a different configuration builds its own.
+set -euo pipefail
+
+LLAMA_CPP_PYTHON_VERSION="${EDGESPEC_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${EDGESPEC_VENV:-$ROOT/.venv}"
+CACHE="${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}"
+PY="${PYTHON:-python3}"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+detect_cmake_args() {
+  local os arch args=""
+  os="$(uname -s)"; arch="$(uname -m)"
+  if [ "$os" = "Darwin" ]; then
+    [ "$arch" = "arm64" ] && args="-DGGML_METAL=on"
+    echo "$args"; return
+  fi
+  if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    args="-DGGML_CUDA=on "
+  fi
+  if [ "$arch" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
+    local flags
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    has() { case "$flags" in *" $1 "*) return 0;; *) return 1;; esac; }
+    args+="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    has avx && args+=" -DGGML_AVX=ON"
+    has avx2 && args+=" -DGGML_AVX2=ON"
+    has fma && args+=" -DGGML_FMA=ON"
+    has f16c && args+=" -DGGML_F16C=ON"
+    has bmi2 && args+=" -DGGML_BMI2=ON"
+    has avx_vnni && args+=" -DGGML_AVX_VNNI=ON"
+    if has avx512f; then
+      args+=" -DGGML_AVX512=ON"
+      has avx512_vbmi && args+=" -DGGML_AVX512_VBMI=ON"
+      has avx512_vnni && args+=" -DGGML_AVX512_VNNI=ON"
+      has avx512_bf16 && args+=" -DGGML_AVX512_BF16=ON"
+    fi
+  fi
+  echo "$args"
+}
+
+CMAKE_FLAGS="${EDGESPEC_CMAKE_ARGS:-$(detect_cmake_args)}"
+PYVER="$("$PY" -c 'import sys,platform; print(f"{sys.version_info[0]}.{sys.version_info[1]}-{platform.machine()}-{sys.platform}")')"
+KEY="$(printf '%s|%s|%s' "$LLAMA_CPP_PYTHON_VERSION" "$CMAKE_FLAGS" "$PYVER" | sha256sum | cut -c1-16)"
+WHEELDIR="$CACHE/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$KEY"
+
+log "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION, CMAKE_ARGS: ${CMAKE_FLAGS:-<llama.cpp defaults>}"
+if ! ls "$WHEELDIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  log "building llama-cpp-python wheel (several minutes, once per configuration) into $WHEELDIR"
+  mkdir -p "$WHEELDIR.tmp"
+  rm -f "$WHEELDIR.tmp"/*.whl
+  CMAKE_ARGS="$CMAKE_FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc 2>/dev/null || sysctl -n hw.ncpu)" \
+    "$PY" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -w "$WHEELDIR.tmp" >&2
+  printf '%s\n' "$CMAKE_FLAGS" > "$WHEELDIR.tmp/CMAKE_ARGS"
+  rm -rf "$WHEELDIR"; mv "$WHEELDIR.tmp" "$WHEELDIR"
+else
+  log "reusing wheel in $WHEELDIR"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtual environment $VENV"
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true
+# --force-reinstall --no-deps on the wheel: whatever llama-cpp-python was in the venv is replaced by this build.
+"$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$WHEELDIR"/llama_cpp_python-*.whl >&2
+"$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+log "ready: $VENV/bin/edgespec"

@@ -1,0 +1,170 @@
+"""The backend through the real llama.cpp, on tiny generated GGUF models (F32: batched and single-token
+decoding agree to float rounding, tolerance 1e-3 on logits of magnitude ~10)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgespec.backend import BackendError, ContextFullError, Model
+from edgespec.config import ModelSpec
+from edgespec.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
+from edgespec.tiny import CHATML_TEMPLATE
+
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def target(tiny):
+    with Model(ModelSpec(tiny["target"], n_ctx=256, n_batch=64)) as m:
+        yield m
+
+
+def _tokens(n: int, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 256, n)]
+
+
+def test_facts(target):
+    assert target.n_vocab == 256 + 4 + 3
+    assert target.eos == 256 + 4 + 2
+    assert target.is_eog(target.eos)
+    assert not target.add_bos
+    assert target.chat_template == CHATML_TEMPLATE
+
+
+def test_tokenize_roundtrip(target):
+    text = "the quick brown fox, 12 + 30 = 42; héllo"
+    toks = target.tokenize(text)
+    assert target.detokenize(toks) == text
+    assert target.tokenize("<|im_start|>user", parse_special=True)[0] == 256 + 4 + 1
+    assert target.token_bytes(target.eos) == b""  # control tokens do not render as text
+    assert target.token_bytes(target.eos, special=True) == b"<|im_end|>"
+
+
+def test_batched_rows_equal_single_token_decoding(target):
+    toks = _tokens(40, seed=1)
+    target.reset()
+    batched = target.decode(toks, 0, range(len(toks)))
+    target.reset()
+    single = np.stack([target.decode([t], i, (0,))[0] for i, t in enumerate(toks)])
+    assert batched.shape == (40, target.n_vocab)
+    assert np.max(np.abs(batched - single)) < TOL
+
+
+def test_rows_subset_and_order(target):
+    toks = _tokens(20, seed=2)
+    target.reset()
+    full = target.decode(toks, 0, range(20))
+    target.reset()
+    sub = target.decode(toks, 0, (-1, 3, 7))
+    assert np.max(np.abs(sub - full[[19, 3, 7]])) < TOL
+    target.reset()
+    assert target.decode(toks, 0, ()).shape == (0, target.n_vocab)
+    assert target.n_past == 20
+
+
+def test_prefill_larger_than_batch_is_chunked(target):
+    toks = _tokens(150, seed=3)  # n_batch is 64
+    target.reset()
+    rows = target.decode(toks, 0, (0, 70, 149))
+    target.reset()
+    ref = [target.decode(toks[: i + 1], 0, (-1,))[0] for i in (0,)]
+    assert np.max(np.abs(rows[0] - ref[0])) < TOL
+    target.reset()
+    ref149 = target.decode(toks, 0, (-1,))[0]
+    assert np.max(np.abs(rows[2] - ref149)) < TOL
+
+
+def test_truncate_then_redecode_reproduces_logits(target):
+    toks = _tokens(30, seed=4)
+    target.reset()
+    first = target.decode(toks, 0, range(30))
+    target.truncate(12)
+    assert target.n_past == 12 and target.cached == toks[:12]
+    again = target.decode(toks[12:], 12, range(18))
+    assert np.max(np.abs(again - first[12:])) < TOL
+    # a different continuation after truncation, then back: no trace of the discarded tokens
+    target.truncate(12)
+    target.decode(_tokens(10, seed=5), 12, ())
+    target.truncate(12)
+    back = target.decode(toks[12:], 12, (-1,))
+    assert np.max(np.abs(back[0] - first[-1])) < TOL
+
+
+def test_sync_reuses_common_prefix(target):
+    a = _tokens(25, seed=6)
+    b = a[:20] + _tokens(5, seed=7)
+    target.reset()
+    target.sync(a)
+    before = target.n_decoded
+    target.sync(b)
+    assert target.n_decoded - before == 5
+    assert target.cached == b
+
+
+def test_position_and_range_errors(target):
+    target.reset()
+    target.decode([1, 2, 3], 0, ())
+    with pytest.raises(BackendError, match="position"):
+        target.decode([4], 5, (0,))
+    with pytest.raises(BackendError, match="truncate"):
+        target.truncate(10)
+    with pytest.raises(BackendError, match="out of range"):
+        target.decode([99999], 3, (0,))
+    assert target.n_past == 3
+
+
+def test_context_full_is_an_error_not_a_crash(tiny):
+    with Model(ModelSpec(tiny["target"], n_ctx=32, n_batch=32)) as m:
+        with pytest.raises(ContextFullError):
+            m.decode(_tokens(40), 0, (-1,))
+        assert m.n_past == 0
+        m.decode(_tokens(32), 0, (-1,))  # exactly full is fine
+
+
+@pytest.mark.parametrize(
+    "key, pattern",
+    [
+        ("truncated", "truncated"),
+        ("text", "not a GGUF file"),
+        ("f64", "F64.*cannot compute"),
+    ],
+)
+def test_bad_files_are_refused_before_llama_cpp(tiny, key, pattern):
+    with pytest.raises(ModelFileError, match=pattern):
+        inspect_gguf(tiny[key])
+    with pytest.raises(ModelFileError, match=pattern):
+        Model(ModelSpec(tiny[key]))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelFileError, match="no such file"):
+        inspect_gguf(tmp_path / "nope.gguf")
+    with pytest.raises(ModelFileError, match="directory"):
+        inspect_gguf(tmp_path)
+
+
+def test_unknown_architecture(tmp_path):
+    from edgespec.tiny import write_tiny_model
+
+    p = write_tiny_model(tmp_path / "weird.gguf", architecture="notanarch")
+    with pytest.raises(ModelFileError, match="architecture 'notanarch'"):
+        inspect_gguf(p)
+
+
+def test_pair_compatibility(tiny):
+    t = inspect_gguf(tiny["target"])
+    assert check_pair(t, inspect_gguf(tiny["draft"])).ok
+    assert check_pair(t, inspect_gguf(tiny["bad_draft"])).ok  # same tokenizer, different weights
+    text = check_pair(t, inspect_gguf(tiny["mismatch_text"]))
+    assert not text.ok and "different text, first id 100" in text.verdict()
+    size = check_pair(t, inspect_gguf(tiny["mismatch_size"]))
+    assert not size.ok and "vocabulary sizes differ by 300" in size.verdict()
+    with pytest.raises(IncompatiblePairError, match="cannot be used with target"):
+        require_compatible(t, inspect_gguf(tiny["mismatch_size"]))
+
+
+def test_info_summary(tiny):
+    s = inspect_gguf(tiny["target"]).summary()
+    assert s["architecture"] == "llama" and s["vocab_size"] == 263 and s["chat_template"]
+    assert s["quantization"] == "ALL_F32"

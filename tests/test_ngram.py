@@ -1,0 +1,142 @@
+"""Prompt-lookup drafter: match rules, incremental index vs. recompute from scratch, truncation."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from edgespec.drafters import NgramDrafter, Proposal
+from edgespec.drafters.ngram import NgramMatch
+
+
+def reference(tokens: list[int], k: int, n_max: int = 4, n_min: int = 1) -> tuple[list[int], int]:
+    """Brute force: the longest suffix (n_max..n_min) with an earlier occurrence, the most recent such
+    occurrence, the k tokens after it (continuing periodically past the end of the context)."""
+    L = len(tokens)
+    if k <= 0:
+        return [], 0
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = tokens[L - n :]
+        for i in range(L - n - 1, -1, -1):
+            if tokens[i : i + n] == suffix:
+                virtual = list(tokens)
+                s = i + n
+                while len(virtual) < s + k:
+                    virtual.append(virtual[len(virtual) - (L - s)])
+                return virtual[s : s + k], n
+    return [], 0
+
+
+def test_simple_match():
+    d = NgramDrafter()
+    ctx = [1, 2, 3, 4, 9, 1, 2, 3]
+    assert d.propose(ctx, 2).tokens == [4, 9]
+    assert d.last_match == NgramMatch([4, 9], 3, 3)
+
+
+def test_prefers_the_longest_suffix():
+    # (1, 2, 3) occurred at the start, followed by 40; (3,) occurred more recently, followed by 50.
+    ctx = [1, 2, 3, 40, 9, 3, 50, 8, 1, 2, 3]
+    d = NgramDrafter()
+    assert d.propose(ctx, 1).tokens == [40]
+    assert d.last_match.length == 3
+    assert NgramDrafter(n_max=1).propose(ctx, 1).tokens == [50]
+
+
+def test_prefers_the_most_recent_among_equal_lengths():
+    ctx = [1, 2, 70, 5, 1, 2, 80, 6, 1, 2]
+    assert NgramDrafter().propose(ctx, 2).tokens == [80, 6]
+
+
+def test_no_match():
+    d = NgramDrafter()
+    for ctx in ([], [7], [1, 2, 3], list(range(100))):
+        p = d.propose(ctx, 4)
+        assert p.tokens == [] and p.q == [] and len(p) == 0
+        assert d.last_match.length == 0
+    assert NgramDrafter(n_min=2).propose([5, 6, 7, 6], 3).tokens == []  # only a 1-gram would match
+    assert NgramDrafter(n_min=1).propose([5, 6, 7, 6], 3).tokens == [7, 6, 7]
+
+
+def test_k_truncation_and_periodic_continuation():
+    ctx = [1, 2, 3, 4, 5, 6, 1, 2]
+    d = NgramDrafter()
+    assert d.propose(ctx, 0).tokens == []
+    assert d.propose(ctx, 1).tokens == [3]
+    assert d.propose(ctx, 3).tokens == [3, 4, 5]
+    # A continuation that runs into the end keeps copying the repeating pattern.
+    assert d.propose([7, 8, 7, 8], 5).tokens == [7, 8, 7, 8, 7]
+    assert d.propose([5, 5, 5], 4).tokens == [5, 5, 5, 5]
+
+
+def test_proposal_is_deterministic_one_hot():
+    d = NgramDrafter()
+    p = d.propose([1, 2, 3, 1, 2], 3, np.random.default_rng(0), lambda i, c: False)
+    assert isinstance(p, Proposal)
+    assert p.tokens == [3, 1, 2] and p.q == [None, None, None] and p.source == "ngram"
+    assert d.propose(np.array([1, 2, 3, 1, 2]), 3).tokens == [3, 1, 2]
+    assert d.propose((1, 2, 3, 1, 2), 3).tokens == [3, 1, 2]
+    assert all(type(t) is int for t in d.propose(np.array([1, 2, 3, 1, 2]), 3).tokens)
+
+
+@pytest.mark.parametrize("vocab,n_max,n_min", [(3, 4, 1), (8, 4, 1), (20, 3, 2), (50, 6, 1)])
+def test_incremental_equals_reference_on_random_streams(vocab, n_max, n_min):
+    rng = random.Random(vocab * 100 + n_max)
+    for _ in range(5):
+        stream = [rng.randrange(vocab) for _ in range(400)]
+        inc = NgramDrafter(n_max, n_min)
+        ctx: list[int] = []
+        while len(ctx) < len(stream):
+            step = rng.randint(1, 6)
+            new = stream[len(ctx) : len(ctx) + step]
+            inc.extend(new)
+            ctx.extend(new)
+            k = rng.randint(0, 10)
+            want, n = reference(ctx, k, n_max, n_min)
+            got = inc.lookup(ctx, k)
+            assert (got.tokens, got.length) == (want, n)
+            fresh = NgramDrafter(n_max, n_min)
+            fresh.reset(ctx)
+            assert fresh.lookup(ctx, k) == got
+
+
+def test_propose_syncs_itself_and_resets_after_truncation():
+    rng = random.Random(3)
+    stream = [rng.randrange(6) for _ in range(300)]
+    d = NgramDrafter()
+    for L in range(2, 300, 7):  # growing contexts: extends incrementally
+        assert d.propose(stream[:L], 4).tokens == reference(stream[:L], 4)[0]
+    assert len(d) == 296
+    for L in (150, 40, 200, 5):  # truncated (rollback) or regrown: resets when not a continuation
+        assert d.propose(stream[:L], 4).tokens == reference(stream[:L], 4)[0]
+        assert d.tokens == stream[:L]
+    edited = stream[:100] + [9, 9, 1, 2]  # same length order, different content
+    assert d.propose(edited, 4).tokens == reference(edited, 4)[0]
+    d.reset(stream[:50])
+    assert d.tokens == stream[:50]
+    assert d.propose(stream[:60], 3).tokens == reference(stream[:60], 3)[0]
+    d.close()
+    assert len(d) == 0
+
+
+def test_fast_on_long_contexts():
+    rng = random.Random(0)
+    ctx = [rng.randrange(2000) for _ in range(6000)]
+    d = NgramDrafter()
+    d.propose(ctx, 8)
+    start = time.perf_counter()
+    for _ in range(300):
+        ctx.extend(rng.choice([[rng.randrange(2000)], ctx[-50:-47]]))
+        d.propose(ctx, 8)
+    per_call = (time.perf_counter() - start) / 300
+    assert per_call < 2e-3, per_call  # ~50 µs here; a target decode is ~80 ms
+
+
+def test_validates_arguments():
+    with pytest.raises(ValueError):
+        NgramDrafter(n_max=2, n_min=3)
+    with pytest.raises(ValueError):
+        NgramDrafter(n_min=0)
