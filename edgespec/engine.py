@@ -191,8 +191,11 @@ class HybridDrafter:
         self._last = None
         return Proposal(source="plain")
 
+    def stats(self) -> dict[str, Any]:
+        return {"model": self.model_ctl.stats(), "ngram": self.ngram_ctl.stats()}
+
     def close(self) -> None:
-        self.model.close()
+        """Nothing to free: the Engine owns the draft model and closes it."""
 
 
 # --------------------------------------------------------------------------------------------- engine

@@ -266,7 +266,7 @@ def speculate(
                 new = new[: eog_at + 1]
             ctx.extend(new)
             n_gen += len(new)
-            policy.observe(len(draft), n, t1 - t0, t2 - t1)
+            policy.observe(len(draft), n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
             step = Step(
                 tokens=new,
                 n_drafted=len(draft),

@@ -54,7 +54,11 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return prop
+        n_missing = len(tokens) - self.model.common_prefix(tokens)
+        t_sync = time.perf_counter()
         logits = self.model.sync(tokens)[0]
+        if n_missing > 1:  # catch-up beyond the one token every cycle decodes
+            prop.catchup_seconds = (time.perf_counter() - t_sync) * (n_missing - 1) / n_missing
         history = list(tokens)
         greedy = self.params.greedy
         for i in range(1, k + 1):
@@ -76,4 +80,4 @@ class ModelDrafter:
         return prop
 
     def close(self) -> None:
-        self.model.close()
+        """Nothing to free: the Engine owns the draft model and closes it."""
