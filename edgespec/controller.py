@@ -66,6 +66,7 @@ class CostModel:
         c_draft: float = 0.0,
         overhead: float = 0.0,
         alpha: float = 0.2,
+        frozen: bool = False,
     ) -> None:
         if not verify_seconds:
             raise ValueError("verify_seconds needs at least one measurement {n: seconds}")
@@ -81,6 +82,9 @@ class CostModel:
         self.c_draft = float(c_draft)
         self.overhead = float(overhead)
         self.alpha = float(alpha)
+        # frozen: ignore online measurements, so decisions depend only on acceptance outcomes (seeded runs are
+        # then reproducible: the same seed gives the same draft lengths and therefore the same tokens).
+        self.frozen = frozen
         self._rebuild()
 
     @classmethod
@@ -129,7 +133,7 @@ class CostModel:
 
     def update_verify(self, n: int, seconds: float) -> None:
         """Fold in one measured target decode of n tokens."""
-        if n < 1 or not (seconds > 0):
+        if self.frozen or n < 1 or not (seconds > 0):
             return
         old = self._points.get(n)
         self._points[n] = float(seconds) if old is None else self._ema(old, float(seconds))
@@ -137,12 +141,12 @@ class CostModel:
 
     def update_draft(self, seconds_per_token: float) -> None:
         """Fold in one measured draft time per drafted token."""
-        if seconds_per_token >= 0:
+        if not self.frozen and seconds_per_token >= 0:
             self.c_draft = self._ema(self.c_draft, float(seconds_per_token))
 
     def update_overhead(self, seconds: float) -> None:
         """Fold in one measured per-cycle overhead (sampling, acceptance, bookkeeping)."""
-        if seconds >= 0:
+        if not self.frozen and seconds >= 0:
             self.overhead = self._ema(self.overhead, float(seconds))
 
 

@@ -299,7 +299,10 @@ class Engine:
             return None, None
 
         def controller(free: bool) -> Controller:
-            cost = CostModel(self.verify_costs, c_draft=0.0 if free else self.draft_cost)
+            # A seeded run plans with the calibrated costs only (not this run's timings): reproducible output.
+            cost = CostModel(
+                self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=sampling.seed is not None
+            )
             return Controller(self.spec, cost, draft_is_free=free)
 
         md = ModelDrafter(self.draft, sampling, self.spec.draft_temperature) if self.draft is not None else None

@@ -40,7 +40,7 @@ def test_info_one_and_two_files(tiny):
 def test_bad_files_one_line_error_in_a_real_process(tiny, key, words):
     """A real process (a segfault would show as a negative return code), for info and for generate."""
     for args in (["info", str(tiny[key])], ["generate", "hi", "--target", str(tiny[key]), "--no-draft"]):
-        p = subprocess.run([sys.executable, "-m", "edgespec.cli", *args], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, text=True, timeout=60)
         assert p.returncode == 1, (args, p.returncode, p.stderr)
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
@@ -82,3 +82,12 @@ def test_bad_settings(tiny):
     assert r.exit_code == 1 and "not found" in r.stderr
     r = CliRunner().invoke(main, ["generate", "  ", "--target", str(tiny["target"])])
     assert r.exit_code == 2
+
+
+def test_seed_reproduces_output_with_adaptive_controller(tiny):
+    args = ["generate", "abc", "--raw", "--target", str(tiny["target"]), "--draft", str(tiny["draft"]),
+            "--temperature", "1.0", "--seed", "42", "--max-tokens", "60", "--ctx", "512", "--json"]
+    a = json.loads(run(*args).stdout)
+    b = json.loads(run(*args).stdout)
+    assert a["token_ids"] == b["token_ids"]
+    assert a["stats"]["n_cycles"] == b["stats"]["n_cycles"]
