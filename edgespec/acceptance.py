@@ -98,11 +98,8 @@ def accept_sampled(
         p_i = np.asarray(p[i])
         q_i = None if q[i] is None else np.asarray(q[i])
         u = rng.random()
-        p_d = float(p_i[d_i]) if d_i < p_i.shape[0] else 0.0
-        if q_i is None:
-            q_d = 1.0
-        else:
-            q_d = float(q_i[d_i]) if d_i < q_i.shape[0] else 0.0
+        p_d = _prob(p_i, d_i)
+        q_d = 1.0 if q_i is None else _prob(q_i, d_i)
         if q_d > 0.0 and u * q_d < p_d:  # u < p/q: accepted with probability min(1, p/q)
             continue
         r = residual(p_i, q_i, d_i)

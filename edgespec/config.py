@@ -72,8 +72,12 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 <= self.temperature < float("inf")):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (-float("inf") < v < float("inf")):
+                raise ConfigError(f"{name} must be a finite number, got {v}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

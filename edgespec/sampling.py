@@ -129,7 +129,8 @@ def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
 def _softmax_weights(x: np.ndarray, x_max: float, temperature: float) -> np.ndarray:
     """w = exp((x - max x) / T) in float64 (x_max = max x, finite); max w == 1 exactly, -inf logits give 0."""
     z = np.subtract(x, x_max, dtype=np.float64)
-    z /= temperature
+    with np.errstate(over="ignore"):  # a tiny temperature sends gaps to -inf: weight 0, as it should
+        z /= temperature
     return np.exp(z, out=z)
 
 

@@ -50,7 +50,7 @@ def run(drafts: np.ndarray, q: Sequence[np.ndarray | None], p: np.ndarray, seed:
 
 def first_tokens(drafts: np.ndarray, verdicts: list[Verdict]) -> np.ndarray:
     """The first token each cycle emits: d_0 if it was accepted, else the residual sample."""
-    return np.array([d[0] if v.n_accepted > 0 else v.token for d, v in zip(drafts.tolist(), verdicts)])
+    return np.array([d[0] if v.n_accepted > 0 else v.token for d, v in zip(drafts.tolist(), verdicts, strict=True)])
 
 
 def assert_acceptance_rates(verdicts: list[Verdict], p: np.ndarray, q: Sequence[np.ndarray], drafts=None) -> None:
@@ -167,14 +167,15 @@ def test_target_truncated_by_top_k() -> None:
     k, V = 3, 8
     logits = (rng.standard_normal((k + 1, V)) * 1.5).astype(np.float32)
     p = np.stack([warp(row, SamplingParams(temperature=0.9, top_k=3)) for row in logits])
-    q = np.stack([warp(row + rng.standard_normal(V).astype(np.float32), SamplingParams(temperature=1.5))
-                  for row in logits[:k]])
+    q = np.stack(
+        [warp(row + rng.standard_normal(V).astype(np.float32), SamplingParams(temperature=1.5)) for row in logits[:k]]
+    )
     assert (p == 0).sum() == (k + 1) * (V - 3)
     drafts = draw_rows(q, N, rng)
     verdicts = run(drafts, list(q), p, seed=19)
     x0 = first_tokens(drafts, verdicts)
     assert chi_square_pvalue(np.bincount(x0, minlength=V), p[0]) > ALPHA  # also asserts no zero-p token
-    for d, v in zip(drafts.tolist(), verdicts):
+    for d, v in zip(drafts.tolist(), verdicts, strict=True):
         assert all(p[i][d[i]] > 0 for i in range(v.n_accepted))
         assert p[v.n_accepted][v.token] > 0
     assert_acceptance_rates(verdicts, p, list(q))
@@ -196,7 +197,7 @@ def test_draft_vocabulary_of_different_size(extra: int) -> None:
     assert_acceptance_rates(verdicts, p, list(q))
     if extra > 0:
         assert any(d[0] >= V for d in drafts.tolist())  # such drafts occurred and were all rejected
-        assert all(v.n_accepted == 0 for d, v in zip(drafts.tolist(), verdicts) if d[0] >= V)
+        assert all(v.n_accepted == 0 for d, v in zip(drafts.tolist(), verdicts, strict=True) if d[0] >= V)
 
 
 def test_k_zero_samples_p0_as_a_bonus() -> None:
@@ -212,9 +213,7 @@ def test_k_zero_samples_p0_as_a_bonus() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def first_two_tokens(
-    target: np.ndarray, draft: np.ndarray, k: int, n: int, seed: int
-) -> np.ndarray:
+def first_two_tokens(target: np.ndarray, draft: np.ndarray, k: int, n: int, seed: int) -> np.ndarray:
     """Run a speculative decoding loop for n sequences and return their first two tokens (n, 2).
 
     target[s] / draft[s]: the next-token distributions after token s (a first-order Markov chain, state 0 =

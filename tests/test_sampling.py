@@ -5,6 +5,7 @@ Statistical tests use fixed seeds, so they are deterministic; each names its sam
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -99,7 +100,7 @@ def test_penalties_by_hand() -> None:
 
 def test_penalties_match_reference() -> None:
     rng = np.random.default_rng(1)
-    for trial in range(20):
+    for _ in range(20):
         V = 500
         logits = (rng.standard_normal(V) * 3).astype(np.float32)
         history = list(rng.integers(-3, V + 3, size=rng.integers(0, 200)))  # includes out-of-range ids
@@ -128,6 +129,13 @@ def test_temperature_zero_is_one_hot_at_argmax_lowest_id_on_ties() -> None:
     params = SamplingParams(temperature=0.0, repeat_penalty=1.1)
     assert greedy(logits, params, [1]) == 3
     np.testing.assert_array_equal(warp(logits, params, [1]), [0, 0, 0, 1, 0])
+
+
+def test_tiny_temperature_concentrates_on_the_maxima() -> None:
+    logits = np.array([0.5, 3.0, -1.0, 3.0, -np.inf], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(warp(logits, SamplingParams(temperature=1e-300)), [0, 0.5, 0, 0.5, 0])
 
 
 def test_greedy_equals_argmax_of_warp_reference() -> None:
@@ -231,9 +239,9 @@ def test_top_p_flat_distribution_is_exact() -> None:
     "scale, top_p, nucleus_range",
     [
         (0.3, 0.95, (100_000, 151_936)),  # nearly flat: the nucleus is most of the vocabulary (full sort)
-        (1.5, 0.9, (20_000, 100_000)),  # several growth rounds
-        (3.0, 0.8, (129, 20_000)),  # one growth round past the first 128 candidates
-        (8.0, 0.95, (1, 128)),  # peaked: the first candidate set suffices
+        (1.5, 0.9, (20_000, 100_000)),  # a candidate cut, then the full sort
+        (3.0, 0.8, (129, 20_000)),  # two candidate cuts
+        (8.0, 0.95, (1, 128)),  # peaked: small candidate sets
     ],
 )
 def test_top_p_exact_on_full_vocabulary(scale: float, top_p: float, nucleus_range: tuple[int, int]) -> None:
@@ -347,6 +355,7 @@ def test_sample_never_returns_a_zero_probability_token() -> None:
     assert sample(probs, FixedDraw(0.0)) == 2  # u = 0 skips the leading zeros
     assert sample(probs, FixedDraw(np.nextafter(1.0, 0.0))) == 4  # u -> 1 skips the trailing zeros
     assert sample(probs, FixedDraw(0.25)) == 4  # exactly on a boundary: the next positive entry
+    assert sample(probs, FixedDraw(1.0)) == 4  # not a possible draw: exercises the guard for u * total == total
     # unnormalised rows whose cumulative sum rounds: still only positive entries
     probs = np.zeros(1000)
     probs[[3, 500, 998]] = [1e-300, 1.0, 1e-17]
