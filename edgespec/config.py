@@ -118,7 +118,7 @@ class SpecConfig:
     adaptive: bool = True
     draft_temperature: float | None = None
     ngram_n_max: int = 4
-    ngram_n_min: int = 1
+    ngram_n_min: int = 2
 
     def __post_init__(self) -> None:
         if self.draft_max < 0 or self.draft_max > 64:

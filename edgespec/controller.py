@@ -135,8 +135,13 @@ class CostModel:
         """Fold in one measured target decode of n tokens."""
         if self.frozen or n < 1 or not (seconds > 0):
             return
+        # Robust to outliers (a hiccup of the machine): a measurement counts at most twice the current estimate,
+        # and a batch size seen for the first time starts from the interpolated curve, not from its first timing.
+        # Otherwise one stalled decode would, through the monotone envelope, make every larger batch look dear.
         old = self._points.get(n)
-        self._points[n] = float(seconds) if old is None else self._ema(old, float(seconds))
+        if old is None:
+            old = self.verify(n)
+        self._points[n] = self._ema(old, min(float(seconds), 2.0 * old))
         self._rebuild()
 
     def update_draft(self, seconds_per_token: float) -> None:
@@ -268,6 +273,8 @@ class Controller:
         probe_interval: int = 16,
         max_probe_interval: int = 256,
         confidence_weight: float = 0.5,
+        optimistic_a: float = 0.9,
+        min_gain: float = 0.05,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -286,6 +293,12 @@ class Controller:
         self.base_interval = probe_interval
         self.max_interval = max_probe_interval
         self.confidence_weight = confidence_weight
+        # Hardware check: even if every position were accepted with probability optimistic_a, could drafting beat
+        # plain decoding by min_gain? A costly drafter on compute-bound hardware (a 0.5B draft for a 1.5B target on
+        # a 2-core CPU: a 4-token verify costs ~2x one token) cannot; probing it would only cost time (the draft
+        # must also catch up on every token it skipped), so it is switched off. Free drafters are never switched off.
+        self.ceiling = best_rate([optimistic_a] * spec.draft_max, cost, spec.draft_max, spec.draft_min) * cost.cycle_time(0) if spec.draft_max else 1.0
+        self.disabled = bool(spec.adaptive and not draft_is_free and self.ceiling < 1.0 + min_gain)
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
         self._interval = probe_interval
@@ -324,7 +337,7 @@ class Controller:
     def next_k(self) -> int:
         """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft."""
         spec = self.spec
-        if spec.draft_max == 0:
+        if spec.draft_max == 0 or self.disabled:
             k = 0
         elif not spec.adaptive:
             k = spec.draft_max
@@ -444,6 +457,8 @@ class Controller:
             "failed_probes": self.failed_probes,
             "probe_interval": self._interval,
             "plain": self.plain,
+            "disabled": self.disabled,
+            "ceiling": round(self.ceiling, 4),
             "tokens_drafted": self.tokens_drafted,
             "tokens_accepted": self.tokens_accepted,
             "acceptance": self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None,

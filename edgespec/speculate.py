@@ -266,7 +266,9 @@ def speculate(
                 new = new[: eog_at + 1]
             ctx.extend(new)
             n_gen += len(new)
-            policy.observe(len(draft), n, t1 - t0 - proposal.catchup_seconds, t2 - t1)
+            # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
+            # drafting really costs that, and the controller must see it or it resumes too eagerly.
+            policy.observe(len(draft), n, t1 - t0, t2 - t1)
             step = Step(
                 tokens=new,
                 n_drafted=len(draft),

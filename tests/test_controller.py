@@ -134,9 +134,15 @@ def test_cost_model_online_updates():
     c.update_verify(8, 0.24)
     assert c.verify(8) == pytest.approx(0.20)  # EMA per n
     assert c.verify(1) == pytest.approx(0.08)  # other sizes untouched
-    c.update_verify(4, 0.30)  # a new size is taken as measured; monotonicity lifts the larger sizes
-    assert c.verify(4) == pytest.approx(0.30)
-    assert c.verify(8) == pytest.approx(0.30)
+    # a new size starts from the interpolated curve (0.08 + 3/7 * 0.12) and moves halfway (alpha 0.5) towards
+    # the measurement, which counts at most twice the current estimate
+    c.update_verify(4, 0.30)
+    start = 0.08 + 3 / 7 * 0.12
+    assert c.verify(4) == pytest.approx((start + min(0.30, 2 * start)) / 2)
+    assert c.verify(8) == pytest.approx(0.20)
+    # one stalled decode (a machine hiccup) cannot make every larger batch look 100x dearer
+    c.update_verify(2, 50.0)
+    assert c.verify(16) < 0.5
     c.update_draft(0.05)
     assert c.c_draft == pytest.approx(0.04)
     c.update_overhead(0.002)
@@ -415,3 +421,19 @@ def test_observe_validates():
     ctrl = Controller(SpecConfig(), cpu_costs())
     with pytest.raises(ValueError):
         ctrl.observe(2, 3, 0.0, 0.1)
+
+
+def test_costly_drafter_is_switched_off_where_it_cannot_pay():
+    """On the measured 2-core CPU a 0.5B draft cannot beat plain decoding even at 90% acceptance per position:
+    the controller never drafts with it. On GPU-like flat verify costs it does. A free drafter is never switched
+    off."""
+    spec = SpecConfig(draft_max=8)
+    cpu = CostModel.from_relative(0.076, {1: 1.0, 2: 1.46, 4: 2.11, 8: 4.9, 16: 5.9}, c_draft=0.0305)
+    ctl = Controller(spec, cpu)
+    assert ctl.disabled and ctl.ceiling < 1.05
+    assert all(ctl.next_k() == 0 for _ in range(600))
+    gpu = CostModel({1: 0.02, 16: 0.021}, c_draft=0.004)
+    assert not Controller(spec, gpu).disabled
+    free = Controller(spec, CostModel.from_relative(0.076, {1: 1.0, 2: 1.46, 4: 2.11, 8: 4.9}), draft_is_free=True)
+    assert not free.disabled
+    assert not Controller(SpecConfig(draft_max=4, adaptive=False), cpu).disabled  # fixed K is always obeyed

@@ -24,9 +24,6 @@ class Proposal:
     q: list[np.ndarray | None] = field(default_factory=list)
     source: str = "none"
     seconds: float = 0.0
-    # Seconds spent catching the drafter up on context it had not seen (e.g. after plain cycles): a real cost of
-    # this cycle, but not a per-token drafting cost, so the controller's c_draft leaves it out.
-    catchup_seconds: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -54,11 +54,7 @@ class ModelDrafter:
         k = min(k, room)
         if k <= 0:
             return prop
-        n_missing = len(tokens) - self.model.common_prefix(tokens)
-        t_sync = time.perf_counter()
-        logits = self.model.sync(tokens)[0]
-        if n_missing > 1:  # catch-up beyond the one token every cycle decodes
-            prop.catchup_seconds = (time.perf_counter() - t_sync) * (n_missing - 1) / n_missing
+        logits = self.model.sync(tokens)[0]  # catches up on tokens the draft has not seen
         history = list(tokens)
         greedy = self.params.greedy
         for i in range(1, k + 1):

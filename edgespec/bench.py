@@ -1,0 +1,562 @@
+"""`edgespec bench`: plain target decoding vs speculative decoding, same engine, same prompts, same process.
+
+    edgespec bench                                   # every built-in suite, greedy, 128 tokens
+    edgespec bench --suite input-grounded --json     # one suite, machine-readable
+    edgespec bench --prompts my.jsonl --plot out.png
+
+For every prompt it runs the plain target (`speculative=False`: the same loop and sampling code with no drafting)
+and the speculative engine, interleaved (plain, spec, then spec, plain for the next prompt, ...) so that machine
+noise hits both sides alike. Before each run the KV caches are emptied, so both runs prefill the whole prompt on
+the target; before a speculative run the draft model also processes the prompt (timed apart, as llama.cpp's
+llama-speculative-simple does in its prompt phase), so that decode rates compare decoding only. `--cold-draft`
+leaves the draft's prompt processing inside the first speculative cycle instead (what a one-shot
+`edgespec generate` pays).
+
+The compared number is the decode rate, stats.tokens_per_second (tokens after the prompt / seconds after
+prefill). At temperature > 0 the two runs generate different tokens, possibly of different lengths, so summaries
+compare rates (sum of tokens / sum of decode seconds per side), never raw times.
+
+Library use:
+
+    from edgespec.bench import load_suites, run_bench, format_report
+    report = run_bench(engine, {"mine": [{"prompt": "def f(x):"}]}, sampling, max_tokens=64)
+    print(format_report(report))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import click
+
+from .config import EdgespecError, SamplingParams
+
+SUITES_FILE = Path(__file__).with_name("bench_suites.json")
+
+
+class BenchError(EdgespecError):
+    """A bad prompt file or entry: one line naming where."""
+
+
+# --------------------------------------------------------------------------------------------- prompts
+def check_entry(entry: Any, where: str) -> dict[str, Any]:
+    """An entry is {"prompt": "raw text"} or {"messages": [{"role": ..., "content": ...}, ...]}, with an optional
+    "suite" (JSONL files) and "name". Returns it; raises BenchError naming `where` otherwise."""
+    if not isinstance(entry, dict):
+        raise BenchError(f"{where}: expected a JSON object, got {type(entry).__name__}")
+    has_p, has_m = "prompt" in entry, "messages" in entry
+    if has_p == has_m:
+        raise BenchError(f"{where}: give exactly one of \"prompt\" or \"messages\"")
+    if has_p:
+        if not isinstance(entry["prompt"], str) or not entry["prompt"].strip():
+            raise BenchError(f"{where}: \"prompt\" must be a non-empty string")
+    else:
+        msgs = entry["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise BenchError(f"{where}: \"messages\" must be a non-empty list")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BenchError(f"{where}: messages[{i}] must be an object with string \"role\" and \"content\"")
+    for key in ("suite", "name"):
+        if key in entry and not isinstance(entry[key], str):
+            raise BenchError(f"{where}: \"{key}\" must be a string")
+    return entry
+
+
+def load_suites(path: str | os.PathLike[str] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The built-in suites (edgespec/bench_suites.json, next to this module): {suite name: [entries]}."""
+    p = Path(path) if path is not None else SUITES_FILE
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise BenchError(f"cannot read the benchmark suites {p}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise BenchError(f"{p}: invalid JSON ({e})") from None
+    suites = data.get("suites") if isinstance(data, dict) else None
+    if not isinstance(suites, dict) or not suites:
+        raise BenchError(f"{p}: expected an object with a non-empty \"suites\" object")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, entries in suites.items():
+        if not isinstance(entries, list) or not entries:
+            raise BenchError(f"{p}: suite {name!r} must be a non-empty list")
+        out[name] = [check_entry(e, f"{p}: suite {name} entry {i + 1}") for i, e in enumerate(entries)]
+    return out
+
+
+def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """One entry per line (blank lines and lines starting with # are skipped); grouped by their "suite" field,
+    default: the file's stem. A bad line raises BenchError "FILE:LINE: why"."""
+    p = Path(path)
+    suite_default = default_suite or p.stem or "custom"
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BenchError(f"cannot read {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise BenchError(f"{p}: not UTF-8 text ({e.reason})") from None
+    out: dict[str, list[dict[str, Any]]] = {}
+    for no, line in enumerate(lines, 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        where = f"{p}:{no}"
+        try:
+            entry = json.loads(s)
+        except ValueError as e:
+            raise BenchError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        check_entry(entry, where)
+        out.setdefault(entry.get("suite") or suite_default, []).append(entry)
+    if not out:
+        raise BenchError(f"{p}: no prompts in the file")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- running
+def _run_one(engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool) -> dict[str, Any]:
+    """One generation from an empty target cache; returns the stats and what the summary needs."""
+    engine.target.reset()
+    draft_prefill = 0.0
+    if engine.draft is not None:
+        engine.draft.reset()
+        if speculative and not cold_draft and engine.drafter_kind in ("model", "model+ngram") and len(ctx) > 1:
+            t0 = time.perf_counter()
+            engine.draft.sync(ctx[:-1], rows=())
+            draft_prefill = time.perf_counter() - t0
+    engine.last_controller_stats = {}
+    r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative)
+    s = r.stats
+    d = s.as_dict()
+    d["seconds"]["draft_prefill"] = round(draft_prefill, 4)
+    d["decode_seconds"] = round(s.decode_seconds, 4)
+    d["accepted_by_pos"] = list(s.accepted_by_pos)
+    d["token_ids"] = list(r.token_ids)
+    if speculative and engine.last_controller_stats:
+        d["controller"] = engine.last_controller_stats
+    return {
+        "stats": d,
+        "token_ids": list(r.token_ids),
+        "text": r.text,
+        # unrounded raw numbers for summing
+        "_raw": {
+            "tokens": s.n_generated,
+            "decode_s": s.decode_seconds,
+            "draft_s": s.timings.draft,
+            "target_s": s.timings.target,
+            "overhead_s": s.timings.overhead,
+            "prefill_s": s.timings.prefill + draft_prefill,
+            "cycles": s.n_cycles,
+            "spec_cycles": s.n_spec_cycles,
+            "drafted": s.n_drafted,
+            "accepted": s.n_accepted,
+            "drafted_by_pos": list(s.drafted_by_pos),
+            "accepted_by_pos": list(s.accepted_by_pos),
+            "sources": dict(s.source_counts),
+        },
+    }
+
+
+def _merge_raw(raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: 0 for k in ("tokens", "decode_s", "draft_s", "target_s", "overhead_s", "prefill_s", "cycles", "spec_cycles", "drafted", "accepted")}
+    out["drafted_by_pos"], out["accepted_by_pos"], out["sources"] = [], [], {}
+    for r in raws:
+        for k in ("tokens", "decode_s", "draft_s", "target_s", "overhead_s", "prefill_s", "cycles", "spec_cycles", "drafted", "accepted"):
+            out[k] += r[k]
+        for name in ("drafted_by_pos", "accepted_by_pos"):
+            acc = out[name]
+            for i, v in enumerate(r[name]):
+                if i >= len(acc):
+                    acc.append(0)
+                acc[i] += v
+        for src, n in r["sources"].items():
+            out["sources"][src] = out["sources"].get(src, 0) + n
+    return out
+
+
+def _rate(raw: Mapping[str, Any]) -> float:
+    return raw["tokens"] / raw["decode_s"] if raw["decode_s"] > 0 and raw["tokens"] else 0.0
+
+
+def _summary(records: Sequence[Mapping[str, Any]], greedy: bool) -> dict[str, Any]:
+    """Aggregate of prompt records: rates from summed tokens and decode seconds per side."""
+    plain = _merge_raw([r["_raw"]["plain"] for r in records])
+    spec = _merge_raw([r["_raw"]["spec"] for r in records])
+    p_rate, s_rate = _rate(plain), _rate(spec)
+    speedups = [r["speedup"] for r in records if r["speedup"] > 0]
+    dec = spec["decode_s"] or 1e-12
+    pdec = plain["decode_s"] or 1e-12
+    out: dict[str, Any] = {
+        "n_prompts": len(records),
+        "plain": {"tokens": plain["tokens"], "decode_seconds": round(plain["decode_s"], 4), "tokens_per_second": round(p_rate, 3),
+                  "prefill_seconds": round(plain["prefill_s"], 4),
+                  "time_split": {"target": round(plain["target_s"] / pdec, 4), "overhead": round(plain["overhead_s"] / pdec, 4)}},
+        "spec": {"tokens": spec["tokens"], "decode_seconds": round(spec["decode_s"], 4), "tokens_per_second": round(s_rate, 3),
+                 "prefill_seconds": round(spec["prefill_s"], 4),
+                 "time_split": {"draft": round(spec["draft_s"] / dec, 4), "target": round(spec["target_s"] / dec, 4), "overhead": round(spec["overhead_s"] / dec, 4)}},
+        "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else None,
+        "speedup_geomean": round(math.exp(sum(math.log(x) for x in speedups) / len(speedups)), 4) if speedups else None,
+        "speedup_min": round(min(speedups), 4) if speedups else None,
+        "speedup_max": round(max(speedups), 4) if speedups else None,
+        "cycles": spec["cycles"],
+        "spec_cycles": spec["spec_cycles"],
+        "drafted": spec["drafted"],
+        "accepted": spec["accepted"],
+        "mu": round(spec["accepted"] / spec["spec_cycles"], 4) if spec["spec_cycles"] else 0.0,
+        "tokens_per_cycle": round(spec["tokens"] / spec["cycles"], 4) if spec["cycles"] else 0.0,
+        "acceptance": round(spec["accepted"] / spec["drafted"], 4) if spec["drafted"] else None,
+        "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(spec["accepted_by_pos"], spec["drafted_by_pos"])],
+        "drafted_by_pos": spec["drafted_by_pos"],
+        "sources": dict(sorted(spec["sources"].items())),
+        "identical": sum(1 for r in records if r["identical"]) if greedy else None,
+    }
+    return out
+
+
+def run_bench(
+    engine: Any,
+    suites: Mapping[str, Sequence[Mapping[str, Any]]],
+    sampling: SamplingParams,
+    *,
+    max_tokens: int = 128,
+    repeats: int = 1,
+    warmup: bool = True,
+    cold_draft: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every entry of every suite plain and speculative (interleaved, alternating which goes first) and
+    return the report: {"settings", "prompts": [...], "suites": {name: summary}, "overall": summary}."""
+    if repeats < 1:
+        raise BenchError(f"repeats must be at least 1, got {repeats}")
+    say = progress or (lambda s: None)
+    greedy = sampling.greedy
+    prepared: list[tuple[str, int, Mapping[str, Any], list[int]]] = []
+    for suite, entries in suites.items():
+        for i, entry in enumerate(entries):
+            ctx = engine.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
+            if len(ctx) + max_tokens > engine.target.n_ctx:
+                raise BenchError(
+                    f"suite {suite} prompt {i + 1}: {len(ctx)} prompt tokens + {max_tokens} new tokens do not fit in "
+                    f"the context ({engine.target.n_ctx}); raise --ctx or lower --max-tokens"
+                )
+            prepared.append((suite, i, entry, ctx))
+    if warmup and prepared:
+        # First calls pay page faults and allocations; keep them out of the measurement.
+        ctx = prepared[0][3]
+        for spec_side in (False, True):
+            _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
+    records: list[dict[str, Any]] = []
+    pair_no = 0
+    for n, (suite, i, entry, ctx) in enumerate(prepared):
+        runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
+        for rep in range(repeats):
+            s = sampling if sampling.seed is None or rep == 0 else _with_seed(sampling, sampling.seed + rep)
+            order = ("plain", "spec") if pair_no % 2 == 0 else ("spec", "plain")
+            pair_no += 1
+            for side in order:
+                runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
+        raw_p = _merge_raw([r["_raw"] for r in runs["plain"]])
+        raw_s = _merge_raw([r["_raw"] for r in runs["spec"]])
+        p_rate, s_rate = _rate(raw_p), _rate(raw_s)
+        identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
+        rec = {
+            "suite": suite,
+            "index": i,
+            "name": entry.get("name") or f"{suite}-{i + 1}",
+            "kind": "raw" if "prompt" in entry else "chat",
+            "n_prompt": len(ctx),
+            "plain_tokens_per_second": round(p_rate, 3),
+            "spec_tokens_per_second": round(s_rate, 3),
+            "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else 0.0,
+            "identical": identical if greedy else None,
+            "plain": [r["stats"] for r in runs["plain"]],
+            "spec": [r["stats"] for r in runs["spec"]],
+            "plain_text": runs["plain"][0]["text"],
+            "spec_text": runs["spec"][0]["text"],
+            "_raw": {"plain": raw_p, "spec": raw_s},
+        }
+        records.append(rec)
+        say(
+            f"[{n + 1}/{len(prepared)}] {rec['name']}: plain {p_rate:.1f} tok/s, spec {s_rate:.1f} tok/s, "
+            f"x{rec['speedup']:.2f}" + ("" if not greedy else ("  identical" if identical else "  DIFFERENT OUTPUT"))
+        )
+    by_suite: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_suite.setdefault(r["suite"], []).append(r)
+    report = {
+        "settings": {
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
+            "seed": sampling.seed,
+            "max_tokens": max_tokens,
+            "repeats": repeats,
+            "cold_draft": cold_draft,
+            "warmup": warmup,
+        },
+        "models": _describe_engine(engine),
+        "prompts": records,
+        "suites": {name: _summary(rs, greedy) for name, rs in by_suite.items()},
+        "overall": _summary(records, greedy) if records else None,
+    }
+    return report
+
+
+def _with_seed(s: SamplingParams, seed: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(s, seed=seed)
+
+
+def _describe_engine(engine: Any) -> dict[str, Any]:
+    spec = engine.spec
+    return {
+        "target": os.fspath(engine.target.spec.path),
+        "draft": os.fspath(engine.draft.spec.path) if engine.draft is not None else None,
+        "drafter": engine.drafter_kind,
+        "draft_max": spec.draft_max,
+        "adaptive": spec.adaptive,
+        "threads": engine.target.n_threads,
+        "n_ctx": engine.target.n_ctx,
+        "n_gpu_layers": engine.target.spec.n_gpu_layers,
+    }
+
+
+def public_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The report without internal raw sums (what --json prints)."""
+    out = dict(report)
+    out["prompts"] = [{k: v for k, v in r.items() if k != "_raw"} for r in report["prompts"]]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- text output
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[bool] | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    right = right or [i > 0 for i in range(len(headers))]
+    lines = []
+    for n, r in enumerate(cells):
+        lines.append("  ".join(c.rjust(w) if right[i] else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _sources(src: Mapping[str, int]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in sorted(src.items())) or "-"
+
+
+def format_report(report: Mapping[str, Any], per_prompt: bool = True) -> str:
+    """The human-readable tables (per prompt, per suite + overall, acceptance by draft position)."""
+    greedy = report["settings"]["temperature"] == 0
+    m = report["models"]
+    out = [
+        f"target {os.path.basename(m['target'])}  draft {os.path.basename(m['draft']) if m['draft'] else '-'}  "
+        f"drafter {m['drafter']}  draft_max {m['draft_max']}  threads {m['threads']}",
+        f"temperature {report['settings']['temperature']}  max_tokens {report['settings']['max_tokens']}  "
+        f"repeats {report['settings']['repeats']}  seed {report['settings']['seed']}"
+        + ("  (cold draft: draft prompt processing counted in decode)" if report["settings"]["cold_draft"] else ""),
+        "",
+    ]
+    if per_prompt:
+        rows = []
+        for r in report["prompts"]:
+            acc_n = sum(st["n_accepted"] for st in r["spec"])
+            cyc = sum(st["n_spec_cycles"] for st in r["spec"])
+            dr = sum(st["n_drafted"] for st in r["spec"])
+            mu = acc_n / cyc if cyc else 0.0
+            acc = acc_n / dr if dr else None
+            rows.append([
+                r["name"], r["n_prompt"], r["plain"][0]["n_generated"], r["spec"][0]["n_generated"],
+                f"{r['plain_tokens_per_second']:.1f}", f"{r['spec_tokens_per_second']:.1f}", f"{r['speedup']:.2f}",
+                f"{mu:.2f}", _pct(acc), ("yes" if r["identical"] else "NO") if greedy else "n/a",
+            ])
+        out.append(_table(["prompt", "prompt tok", "plain tok", "spec tok", "plain tok/s", "spec tok/s", "speedup", "μ", "accept", "identical"], rows, [False] + [True] * 9))
+        out.append("")
+    names = list(report["suites"]) + (["overall"] if report["overall"] else [])
+    summaries = [report["suites"][n] for n in report["suites"]] + ([report["overall"]] if report["overall"] else [])
+    rows = []
+    for name, s in zip(names, summaries):
+        ts = s["spec"]["time_split"]
+        rows.append([
+            name, s["n_prompts"], f"{s['plain']['tokens_per_second']:.1f}", f"{s['spec']['tokens_per_second']:.1f}",
+            f"{s['speedup']:.2f}" if s["speedup"] else "-", f"{s['speedup_geomean']:.2f}" if s["speedup_geomean"] else "-",
+            f"{s['mu']:.2f}", _pct(s["acceptance"]),
+            f"{_pct(ts['draft'])}/{_pct(ts['target'])}/{_pct(ts['overhead'])}",
+            _pct(s["plain"]["time_split"]["overhead"]),
+            _sources(s["sources"]),
+            f"{s['identical']}/{s['n_prompts']}" if s["identical"] is not None else "n/a",
+        ])
+    out.append(_table(
+        ["suite", "n", "plain tok/s", "spec tok/s", "speedup", "geomean", "μ", "accept",
+         "spec draft/target/ovh", "plain ovh", "cycles by source", "identical"],
+        rows, [False] + [True] * 9 + [False, True],
+    ))
+    out.append("")
+    width = max((len(s["acceptance_by_pos"]) for s in summaries), default=0)
+    if width:
+        rows = [[name] + [_pct(a) for a in s["acceptance_by_pos"]] + [""] * (width - len(s["acceptance_by_pos"])) for name, s in zip(names, summaries)]
+        out.append("acceptance by draft position (accepted / drafted at that position)")
+        out.append(_table(["suite"] + [f"pos{i + 1}" for i in range(width)], rows))
+        rows = [[name] + [str(d) for d in s["drafted_by_pos"]] + [""] * (width - len(s["drafted_by_pos"])) for name, s in zip(names, summaries)]
+        out.append("")
+        out.append("drafted tokens by position")
+        out.append(_table(["suite"] + [f"pos{i + 1}" for i in range(width)], rows))
+    out.append("")
+    out.append(
+        "tok/s = decode rate (generated tokens / seconds after prefill); speedup = spec rate / plain rate from summed "
+        "tokens and seconds; geomean = geometric mean of per-prompt speedups; μ = accepted drafts per speculative "
+        "cycle; draft/target/ovh = share of the speculative decode time."
+    )
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------- plot
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise BenchError("--plot needs matplotlib: pip install 'edgespec[plot]' (or pip install matplotlib)") from None
+
+
+def plot_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Speedup per prompt (bars grouped by suite) and acceptance by draft position (a line per suite)."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 2]})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    x = 0.0
+    ticks, labels = [], []
+    for si, (suite, summary) in enumerate(report["suites"].items()):
+        recs = [r for r in report["prompts"] if r["suite"] == suite]
+        xs = [x + j for j in range(len(recs))]
+        c = colors[si % len(colors)]
+        ax1.bar(xs, [r["speedup"] for r in recs], color=c, label=f"{suite} (x{summary['speedup']:.2f})" if summary["speedup"] else suite)
+        ticks += xs
+        labels += [str(r["index"] + 1) for r in recs]
+        x += len(recs) + 1
+        acc = summary["acceptance_by_pos"]
+        if acc:
+            ax2.plot(range(1, len(acc) + 1), [a if a is not None else float("nan") for a in acc], marker="o", color=c, label=suite)
+    ax1.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax1.set_xticks(ticks)
+    ax1.set_xticklabels(labels, fontsize=7)
+    ax1.set_xlabel("prompt (grouped by suite)")
+    ax1.set_ylabel("speedup (spec tok/s / plain tok/s)")
+    t = report["settings"]["temperature"]
+    ax1.set_title(f"speedup per prompt, temperature {t}, {report['settings']['max_tokens']} tokens")
+    ax1.legend(fontsize=8)
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("acceptance rate")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_title("acceptance by draft position")
+    ax2.grid(alpha=0.3)
+    if ax2.lines:
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------- command
+def _build_command() -> click.Command:
+    from .cli import load_engine, model_options
+
+    try:
+        suite_names = list(load_suites())
+    except BenchError:
+        suite_names = []
+
+    @click.command("bench")
+    @model_options
+    @click.option("--suite", "suites", multiple=True, type=click.Choice(suite_names) if suite_names else str,
+                  help="Built-in suite to run (repeatable; default: all, or none with --prompts).")
+    @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+                  help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (optional "suite", "name").')
+    @click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
+    @click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True)
+    @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
+    @click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True)
+    @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
+    @click.option("--seed", type=int, default=None, help="Sampling seed, the same for both sides (a seeded run plans with frozen calibrated costs).")
+    @click.option("--repeats", "-r", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per prompt and side.")
+    @click.option("--cold-draft", is_flag=True, help="Count the draft's prompt processing in decode time (as a one-shot generate pays it).")
+    @click.option("--no-warmup", is_flag=True, help="Skip the unrecorded warm-up generation.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every prompt and the summaries.")
+    @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG: speedup per prompt and acceptance by position.")
+    @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+    def bench(**kw: Any) -> None:
+        """Benchmark plain vs speculative decoding on prompt suites (same engine, interleaved runs)."""
+        suites_opt, prompts_file = kw.pop("suites"), kw.pop("prompts_file")
+        as_json, plot_path, quiet = kw.pop("as_json"), kw.pop("plot_path"), kw.pop("quiet")
+        if kw["no_draft"]:
+            raise click.UsageError("bench compares plain and speculative decoding: --no-draft leaves nothing to compare")
+        if plot_path:
+            require_matplotlib()
+        selected: dict[str, list[dict[str, Any]]] = {}
+        if suites_opt or not prompts_file:
+            builtin = load_suites()
+            for name in suites_opt or builtin:
+                selected[name] = builtin[name]
+        if prompts_file:
+            for name, entries in load_prompts_jsonl(prompts_file).items():
+                selected.setdefault(name, []).extend(entries)
+        sampling = SamplingParams(
+            temperature=kw.pop("temperature"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"), min_p=kw.pop("min_p"),
+            seed=kw.pop("seed"),
+        )
+        max_tokens, repeats = kw.pop("max_tokens"), kw.pop("repeats")
+        cold_draft, warmup = kw.pop("cold_draft"), not kw.pop("no_warmup")
+        progress = None if quiet else (lambda s: click.echo(s, err=True))
+        with load_engine(kw) as eng:
+            if eng.drafter_kind == "none":
+                raise click.UsageError("bench needs a drafter: give --draft FILE or --draft ngram")
+            report = run_bench(eng, selected, sampling, max_tokens=max_tokens, repeats=repeats, warmup=warmup,
+                               cold_draft=cold_draft, progress=progress)
+        if plot_path:
+            plot_report(report, plot_path)
+            if not quiet:
+                click.echo(f"plot written to {plot_path}", err=True)
+        if as_json:
+            click.echo(json.dumps(public_report(report), ensure_ascii=False))
+        else:
+            click.echo(format_report(report))
+
+    return bench
+
+
+def __getattr__(name: str) -> Any:
+    # The command is built on first access: it takes its shared options from edgespec.cli, which itself imports
+    # this module to register the command, so building it at import time would be a circular import when
+    # edgespec.bench is imported first.
+    if name == "bench":
+        cmd = _build_command()
+        globals()["bench"] = cmd
+        return cmd
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "BenchError",
+    "check_entry",
+    "load_suites",
+    "load_prompts_jsonl",
+    "run_bench",
+    "format_report",
+    "public_report",
+    "plot_report",
+    "bench",
+]

@@ -1,0 +1,403 @@
+"""A multi-turn chat on top of the Engine, with KV-cache reuse across turns (no terminal code here).
+
+    from edgespec import Engine
+    from edgespec.chat import ChatSession
+    eng = Engine.load("target.gguf", "draft.gguf")
+    chat = ChatSession(eng, system="You are terse.", sampling=SamplingParams(temperature=0))
+    for chunk in chat.send("Write a haiku"):
+        print(chunk.text, end="")
+    turn = chat.send("Another one")       # decodes only the new message's tokens
+    print(turn.result().text)
+
+KV reuse. The session keeps `tokens`: the last prompt's token ids followed by the ids the model generated
+(including its end token, e.g. <|im_end|>), and `text`, the template text those tokens stand for. A new user
+turn renders the whole conversation with the model's chat template; when the rendering starts with `text`
+(the usual case: ChatML's delta is "\\n<|im_start|>user\\n...") only the delta is tokenized and appended, so the
+token sequence stays exactly what both models already have in their caches and the engine (Model.sync, common
+prefix) decodes only the new tokens. When it does not (a template that rewrites history, an answer cut inside a
+UTF-8 character, dropped turns) the conversation is tokenized afresh and the engine still reuses the longest
+common prefix.
+
+Context. Before a turn the prompt plus a reserve for the answer (min(max_tokens, n_ctx // 2) + 1) must fit in the
+target's context; if it does not, the oldest user/assistant turns are dropped (the system prompt stays) until
+the kept history fits in half of the room, or at least fits. If even the new message alone leaves no room for
+a short answer, `send` raises ChatContextError and the conversation is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from .config import EdgespecError, SamplingParams, Timings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Chunk, Engine, Generation
+
+MIN_ANSWER_TOKENS = 16  # with no history left, a message is accepted if at least this many answer tokens fit
+
+
+class ChatError(EdgespecError):
+    """A chat-level problem (bad file for /save, ...)."""
+
+
+class ChatContextError(ChatError):
+    """The new message does not fit in the context window even without any history."""
+
+
+@dataclass
+class ChatTotals:
+    """Session totals over all answered turns."""
+
+    turns: int = 0
+    interrupted: int = 0
+    n_generated: int = 0
+    n_prompt: int = 0
+    n_prefill: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_spec_cycles: int = 0
+    dropped_turns: int = 0
+    decode_seconds: float = 0.0
+    wall: float = 0.0
+    timings: Timings = field(default_factory=Timings)
+
+    def add(self, stats: Any, interrupted: bool = False) -> None:
+        self.turns += 1
+        self.interrupted += int(interrupted)
+        self.n_generated += stats.n_generated
+        self.n_prompt += stats.n_prompt
+        self.n_prefill += stats.n_prefill
+        self.n_drafted += stats.n_drafted
+        self.n_accepted += stats.n_accepted
+        self.n_spec_cycles += stats.n_spec_cycles
+        if stats.n_generated:
+            self.decode_seconds += stats.decode_seconds
+        self.wall += stats.wall
+        self.timings.add(stats.timings)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def mu(self) -> float:
+        return self.n_accepted / self.n_spec_cycles if self.n_spec_cycles else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(tokens_per_second=self.tokens_per_second, mu=self.mu, acceptance=self.acceptance)
+        return d
+
+
+class Turn:
+    """One answer being generated: an iterator of Chunks (like engine.Generation) that records itself in the
+    session when it ends: exhausted, `close()`d (an interrupted answer is kept as it stands), or superseded by
+    the next `send`/`reset`."""
+
+    def __init__(
+        self,
+        session: "ChatSession",
+        gen: "Generation",
+        user: dict[str, str],
+        prompt_tokens: list[int],
+        prompt_text: str,
+        *,
+        n_new_tokens: int,
+        reused: bool,
+        dropped: int,
+        short_room: bool,
+    ) -> None:
+        self._session = session
+        self._gen = gen
+        self._it = iter(gen)
+        self.user = user
+        self.prompt_tokens = prompt_tokens
+        self.prompt_text = prompt_text
+        self.n_new_tokens = n_new_tokens  # prompt tokens appended to the session's token sequence for this turn
+        self.reused = reused  # True: the delta was appended to the previous tokens; False: full re-tokenization
+        self.dropped = dropped  # oldest user/assistant turns dropped to make room
+        self.short_room = short_room  # True: less room than max_tokens for the answer
+        self.done = False
+        self.interrupted = False
+        self.content = ""  # the assistant message as recorded (set when the turn ends)
+
+    @property
+    def notice(self) -> str | None:
+        """A one-line remark for the user about this turn's context handling, or None."""
+        parts = []
+        if self.dropped:
+            parts.append(
+                f"context full: dropped the {self.dropped} oldest turn{'s' if self.dropped != 1 else ''} "
+                f"(prompt now {len(self.prompt_tokens)} of {self._session.n_ctx} tokens)"
+            )
+        if self.short_room:
+            room = self._session.n_ctx - len(self.prompt_tokens)
+            parts.append(f"only {room} tokens of context left for the answer")
+        return "; ".join(parts) or None
+
+    # -------------------------------------------------------------- Generation-like surface
+    def __iter__(self) -> Iterator["Chunk"]:
+        return self
+
+    def __next__(self) -> "Chunk":
+        if self.done:
+            raise StopIteration
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._finish(interrupted=False)
+            raise
+        except BaseException:
+            self._gen.close()
+            self._finish(interrupted=True)
+            raise
+
+    def close(self) -> None:
+        """Stop generating now; the partial answer becomes the assistant message."""
+        if self.done:
+            return
+        self._gen.close()
+        self._finish(interrupted=True)
+
+    def result(self) -> "Turn":
+        for _ in self:
+            pass
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.content if self.done else self._gen.text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._gen.token_ids
+
+    @property
+    def stats(self) -> Any:
+        return self._gen.stats
+
+    @property
+    def finish_reason(self) -> str:
+        return "interrupted" if self.interrupted else self._gen.stats.stop_reason
+
+    # -------------------------------------------------------------- bookkeeping
+    def _finish(self, interrupted: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.interrupted = interrupted
+        self._session._commit(self)
+
+
+class ChatSession:
+    """A conversation with an Engine: system prompt, user/assistant messages, and the token sequence that the
+    models' KV caches hold."""
+
+    def __init__(
+        self,
+        engine: "Engine",
+        system: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        max_tokens: int = 1024,
+        stop: Sequence[str] = (),
+        speculative: bool = True,
+    ) -> None:
+        if max_tokens < 1:
+            raise ChatError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.engine = engine
+        self.system = system or None
+        self.sampling = sampling or SamplingParams()
+        self.max_tokens = max_tokens
+        self.stop = tuple(stop)
+        self.speculative = speculative
+        self.messages: list[dict[str, str]] = []  # user/assistant only; the system prompt is separate
+        self.tokens: list[int] = []  # last prompt + generated ids (what the caches hold after a turn)
+        self.text = ""  # the template text `tokens` stand for
+        self.totals = ChatTotals()
+        self._pending: Turn | None = None
+
+    # -------------------------------------------------------------- conversation state
+    @property
+    def n_ctx(self) -> int:
+        return self.engine.target.n_ctx
+
+    @property
+    def reserve(self) -> int:
+        """Context kept free for the answer when deciding whether history must be dropped."""
+        return min(self.max_tokens, self.n_ctx // 2) + 1
+
+    def conversation(self, messages: Sequence[dict[str, str]] | None = None) -> list[dict[str, str]]:
+        msgs = list(self.messages if messages is None else messages)
+        return ([{"role": "system", "content": self.system}] if self.system else []) + msgs
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt stays). The caches are re-synchronised lazily."""
+        self._settle()
+        self.messages = []
+        self.tokens = []
+        self.text = ""
+
+    def set_system(self, system: str | None) -> None:
+        """Set (or clear, with None/"") the system prompt and start a new conversation."""
+        self._settle()
+        self.system = system or None
+        self.reset()
+
+    # -------------------------------------------------------------- turns
+    def _full(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+        text = self.engine.render(self.conversation(messages), add_generation_prompt=True)
+        return self.engine.target.tokenize(text, add_special=True, parse_special=True), text
+
+    def _prompt_for(self, messages: list[dict[str, str]]) -> tuple[list[int], str, int, bool]:
+        """(tokens, text, new tokens, reused) for the prompt ending with the generation prompt after `messages`."""
+        text = self.engine.render(self.conversation(messages), add_generation_prompt=True)
+        if self.tokens and self.text and text.startswith(self.text) and len(text) > len(self.text):
+            delta = self.engine.target.tokenize(text[len(self.text):], add_special=False, parse_special=True)
+            return self.tokens + delta, text, len(delta), True
+        toks = self.engine.target.tokenize(text, add_special=True, parse_special=True)
+        return toks, text, len(toks), False
+
+    def send(self, text: str) -> Turn:
+        """Add a user message and start the answer. Iterate the returned Turn for Chunks (or call .result());
+        the answer is recorded in the conversation when it ends or is closed."""
+        self._settle()
+        user = {"role": "user", "content": text}
+        msgs = self.messages + [user]
+        tokens, ptext, n_new, reused = self._prompt_for(msgs)
+        dropped = 0
+        if len(tokens) + self.reserve > self.n_ctx:
+            tokens, ptext, dropped = self._make_room(msgs)
+            n_new, reused = len(tokens), False
+        short = len(tokens) + self.reserve > self.n_ctx
+        max_tokens = max(1, min(self.max_tokens, self.n_ctx - len(tokens)))
+        gen = self.engine.stream(
+            tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative
+        )
+        if dropped:
+            self.messages = msgs[_drop_index(msgs, dropped):-1]
+            self.totals.dropped_turns += dropped
+        turn = Turn(self, gen, user, tokens, ptext, n_new_tokens=n_new, reused=reused, dropped=dropped, short_room=short)
+        self._pending = turn
+        return turn
+
+    def _make_room(self, msgs: list[dict[str, str]]) -> tuple[list[int], str, int]:
+        """Drop the oldest turns of `msgs` (its last message is the new one) until the prompt fits; prefer keeping
+        at most half the room so that the next turns do not have to drop (and re-prefill) again."""
+        room = self.n_ctx - self.reserve
+        n_turns = _count_turns(msgs[:-1])
+        fitting: tuple[list[int], str, int] | None = None
+        for k in range(1, n_turns + 1):
+            toks, text = self._full(msgs[_drop_index(msgs, k):])
+            if len(toks) <= room // 2 or (k == n_turns and len(toks) <= room):
+                return toks, text, k
+            if fitting is None and len(toks) <= room:
+                fitting = (toks, text, k)
+        if fitting is not None:
+            return fitting
+        toks, text = self._full(msgs[-1:])
+        if len(toks) + min(MIN_ANSWER_TOKENS, self.reserve) > self.n_ctx:
+            raise ChatContextError(
+                f"the message does not fit: {len(toks)} prompt tokens leave no room for an answer in a context "
+                f"of {self.n_ctx} tokens (use a shorter message or a larger --ctx)"
+            )
+        return toks, text, n_turns
+
+    def _settle(self) -> None:
+        """End a turn that the caller abandoned without closing it."""
+        if self._pending is not None and not self._pending.done:
+            self._pending.close()
+        self._pending = None
+
+    def _commit(self, turn: Turn) -> None:
+        ids = list(turn.token_ids)
+        tb = self.engine.target.token_bytes
+        if turn.interrupted:
+            ids = _complete_utf8(ids, tb)
+        body = [t for t in ids if not self.engine.target.is_eog(t)]
+        content = b"".join(tb(t) for t in body).decode("utf-8", "replace")
+        if self.stop and not turn.interrupted:
+            content = turn._gen.text  # a stop string ended it: record what was shown
+        turn.content = content
+        self.messages.append(turn.user)
+        self.messages.append({"role": "assistant", "content": content})
+        self.tokens = list(turn.prompt_tokens) + ids
+        self.text = turn.prompt_text + b"".join(tb(t, special=True) for t in ids).decode("utf-8", "replace")
+        self.totals.add(turn.stats, interrupted=turn.interrupted)
+        if self._pending is turn:
+            self._pending = None
+
+    # -------------------------------------------------------------- persistence
+    def settings(self) -> dict[str, Any]:
+        eng = self.engine
+        return {
+            "target": os.path.abspath(eng.target.spec.path),
+            "draft": os.path.abspath(eng.draft.spec.path) if eng.draft is not None else None,
+            "drafter": eng.drafter_kind,
+            "draft_max": eng.spec.draft_max,
+            "n_ctx": self.n_ctx,
+            "max_tokens": self.max_tokens,
+            "sampling": asdict(self.sampling),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        self._settle()
+        return {"system": self.system, "messages": [dict(m) for m in self.messages], "settings": self.settings()}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write {"system", "messages", "settings"} as JSON; a ChatError (one line) if the file cannot be written."""
+        p = Path(os.fspath(path)).expanduser()
+        data = json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
+        try:
+            p.write_text(data, encoding="utf-8")
+        except OSError as e:
+            raise ChatError(f"cannot write {p}: {e.strerror or e}") from None
+        return p
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _count_turns(msgs: Sequence[dict[str, str]]) -> int:
+    return sum(1 for m in msgs if m["role"] == "user")
+
+
+def _drop_index(msgs: Sequence[dict[str, str]], k: int) -> int:
+    """Index of the first message kept after dropping the k oldest turns (a turn starts at a user message)."""
+    seen = 0
+    for i, m in enumerate(msgs):
+        if m["role"] == "user":
+            if seen == k:
+                return i
+            seen += 1
+    return len(msgs) - 1
+
+
+def _incomplete_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 character that is not complete (0 if none)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # continuation byte: look further back for the lead byte
+            continue
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return back if need > back else 0
+    return 0
+
+
+def _complete_utf8(ids: list[int], token_bytes: Any) -> list[int]:
+    """`ids` without the trailing tokens that end inside a UTF-8 character (an answer cut mid-character)."""
+    ids = list(ids)
+    for _ in range(4):
+        if not ids or not _incomplete_tail(b"".join(token_bytes(t) for t in ids[-4:])):
+            break
+        ids.pop()
+    return ids
+
+
+__all__ = ["ChatSession", "ChatTotals", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS"]

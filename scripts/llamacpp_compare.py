@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Compare edgespec with llama.cpp's own C++ tools on the same model pair, prompts and settings.
+
+    .venv/bin/python scripts/llamacpp_compare.py               # build (once, cached) + run + print a table
+    .venv/bin/python scripts/llamacpp_compare.py --build-only  # just build the llama.cpp tools
+
+What it does:
+
+1. Builds `llama-speculative-simple`, `llama-lookup` and `llama-bench` from the llama.cpp sources vendored in the
+   llama-cpp-python sdist (the same version edgespec runs on, 0.3.36 by default), with GGML_NATIVE=OFF and the
+   CPU flags scripts/setup.sh would pick (EDGESPEC_CMAKE_ARGS overrides them, as for setup.sh). Sources and
+   binaries live in ~/.cache/edgespec/llamacpp/ (never in the repository); a second run reuses the build.
+2. Runs them greedily with the same max tokens on the edgespec benchmark prompts: the code-completion suite
+   (raw prompts) with llama-speculative-simple, the input-grounded suite (chat, rendered with the model's
+   template) with llama-lookup; a plain llama.cpp run on the same prompts is llama-lookup with a draft length of
+   0 (one token per decode, no drafting), and llama-bench's tg gives the plain decode rate on an empty context.
+3. Runs edgespec (plain, speculative with the default model+ngram drafter, and ngram-only) on the same prompts
+   through the library, then prints tokens/s for all of them and the ratios edgespec / llama.cpp.
+
+Decode rates exclude prompt processing on both sides: llama.cpp's tools print "decoded N tokens in T seconds"
+measured after the prompt is encoded; edgespec's stats.tokens_per_second excludes stats.timings.prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ("llama-speculative-simple", "llama-lookup", "llama-bench")
+
+
+def log(msg: str) -> None:
+    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------- build
+def detect_cmake_args() -> str:
+    """The flags scripts/setup.sh's detect_cmake_args picks (kept in step with it by hand: setup.sh has no
+    option to print them). EDGESPEC_CMAKE_ARGS replaces them entirely, as there."""
+    env = os.environ.get("EDGESPEC_CMAKE_ARGS")
+    if env is not None:
+        return env
+    import platform
+
+    if platform.system() == "Darwin":
+        return "-DGGML_METAL=on" if platform.machine() == "arm64" else ""
+    args: list[str] = []
+    if shutil.which("nvcc") and shutil.which("nvidia-smi"):
+        if subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+            args.append("-DGGML_CUDA=on")
+    if platform.machine() == "x86_64" and os.access("/proc/cpuinfo", os.R_OK):
+        flags: set[str] = set()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+        args += ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+        for flag, opt in (("avx", "AVX"), ("avx2", "AVX2"), ("fma", "FMA"), ("f16c", "F16C"), ("bmi2", "BMI2"), ("avx_vnni", "AVX_VNNI")):
+            if flag in flags:
+                args.append(f"-DGGML_{opt}=ON")
+        if "avx512f" in flags:
+            args.append("-DGGML_AVX512=ON")
+            for flag, opt in (("avx512_vbmi", "AVX512_VBMI"), ("avx512_vnni", "AVX512_VNNI"), ("avx512_bf16", "AVX512_BF16")):
+                if flag in flags:
+                    args.append(f"-DGGML_{opt}=ON")
+    return " ".join(args)
+
+
+def run_logged(cmd: list[str], **kw: Any) -> None:
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def fetch_sources(cache: Path, version: str) -> Path:
+    """vendor/llama.cpp of the llama-cpp-python sdist, downloaded and unpacked once."""
+    src = cache / "src" / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if (src / "CMakeLists.txt").is_file():
+        return src
+    sdist_dir = cache / "sdist"
+    tarballs = sorted(sdist_dir.glob(f"llama_cpp_python-{version}.tar.gz"))
+    if not tarballs:
+        sdist_dir.mkdir(parents=True, exist_ok=True)
+        run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"llama-cpp-python=={version}", "-d", str(sdist_dir)])
+        tarballs = sorted(sdist_dir.glob(f"llama_cpp_python-{version}.tar.gz"))
+        if not tarballs:
+            raise SystemExit(f"pip download left no llama_cpp_python-{version}.tar.gz in {sdist_dir}")
+    log(f"unpacking {tarballs[0]}")
+    (cache / "src").mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarballs[0]) as tf:
+        tf.extractall(cache / "src", filter="data") if sys.version_info >= (3, 12) else tf.extractall(cache / "src")
+    if not (src / "CMakeLists.txt").is_file():
+        raise SystemExit(f"no vendor/llama.cpp in the sdist (looked for {src})")
+    return src
+
+
+def build(cache: Path, version: str, jobs: int) -> Path:
+    """Build the three tools (once per version and flag set); return the folder holding the binaries."""
+    flags = detect_cmake_args()
+    key = hashlib.sha256(f"{version}|{flags}".encode()).hexdigest()[:12]
+    bdir = cache / f"build-{version}-{key}"
+    bin_dir = bdir / "bin"
+    if all((bin_dir / t).is_file() for t in TARGETS):
+        log(f"reusing llama.cpp tools in {bin_dir}")
+        return bin_dir
+    src = fetch_sources(cache, version)
+    log(f"llama.cpp {version} CMake flags: {flags or '<defaults>'}")
+    configure = [
+        "cmake", "-S", str(src), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+        "-DLLAMA_BUILD_APP=OFF", "-DBUILD_SHARED_LIBS=OFF", *flags.split(),
+    ]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    run_logged(configure, stdout=subprocess.DEVNULL)
+    t0 = time.time()
+    run_logged(["cmake", "--build", str(bdir), "--config", "Release", "-j", str(jobs), "--target", *TARGETS],
+               stdout=subprocess.DEVNULL)
+    log(f"built in {time.time() - t0:.0f}s")
+    missing = [t for t in TARGETS if not (bin_dir / t).is_file()]
+    if missing:
+        raise SystemExit(f"build finished but {', '.join(missing)} not in {bin_dir}")
+    (bdir / "CMAKE_FLAGS").write_text(flags + "\n")
+    return bin_dir
+
+
+# --------------------------------------------------------------------------------------------- llama.cpp runs
+_DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds, speed:\s+([\d.]+|inf|nan)\s+t/s")
+_ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
+_FIELD = re.compile(r"^.*?\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)\s*$", re.M)
+
+
+def parse_tool_output(text: str) -> dict[str, Any]:
+    """The summary llama-speculative-simple and llama-lookup print at the end (this llama.cpp version):
+        encoded  520 tokens in    1.234 seconds, speed:  421.4 t/s
+        decoded  129 tokens in    9.876 seconds, speed:   13.1 t/s
+        n_drafted = 120 / n_accept = 100 (plus other lines)"""
+    m = _DECODED.search(text)
+    if not m:
+        raise ValueError("no 'decoded N tokens in T seconds' line in the output")
+    out: dict[str, Any] = {"tokens": int(m.group(1)), "seconds": float(m.group(2))}
+    e = _ENCODED.search(text)
+    if e:
+        out["prompt_tokens"], out["prompt_seconds"] = int(e.group(1)), float(e.group(2))
+    for key, val in _FIELD.findall(text):
+        out[key] = int(val)
+    return out
+
+
+def run_tool(cmd: list[str], timeout: float) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    wall = time.perf_counter() - t0
+    text = p.stdout + "\n" + p.stderr
+    if p.returncode != 0:
+        tail = " | ".join(ln for ln in p.stderr.strip().splitlines()[-3:])
+        return {"error": f"exit {p.returncode}: {tail}"}
+    try:
+        out = parse_tool_output(text)
+    except ValueError as e:
+        return {"error": str(e), "tail": p.stderr[-500:]}
+    out["process_wall"] = round(wall, 3)
+    return out
+
+
+def llama_bench(bin_dir: Path, target: Path, n: int, threads: int, reps: int) -> dict[str, Any]:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(target), "-p", "0", "-n", str(n), "-t", str(threads),
+           "-r", str(reps), "-o", "json"]
+    log("$ " + " ".join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
+    if p.returncode != 0:
+        return {"error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}"}
+    try:
+        rows = json.loads(p.stdout)
+        row = next(r for r in rows if int(r.get("n_gen", 0)) == n)
+        return {"tokens_per_second": float(row["avg_ts"]), "stddev": float(row["stddev_ts"]), "reps": reps}
+    except (ValueError, StopIteration, KeyError) as e:
+        return {"error": f"cannot parse llama-bench json: {e}"}
+
+
+# --------------------------------------------------------------------------------------------- comparison
+def _rate(runs: list[dict[str, Any]]) -> float | None:
+    ok = [r for r in runs if "error" not in r and r.get("seconds", 0) > 0]
+    if not ok:
+        return None
+    return sum(r["tokens"] for r in ok) / sum(r["seconds"] for r in ok)
+
+
+def _acc(runs: list[dict[str, Any]]) -> float | None:
+    ok = [r for r in runs if "error" not in r and r.get("n_drafted")]
+    return sum(r["n_accept"] for r in ok) / sum(r["n_drafted"] for r in ok) if ok else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-cpp-python-version", default="0.3.36", help="sdist whose vendor/llama.cpp is built (default: %(default)s)")
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgespec" / "llamacpp",
+                    help="sources and builds go here (default: %(default)s)")
+    ap.add_argument("--build-only", action="store_true", help="build the tools and stop")
+    ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--target", default=None, help="target GGUF (default: the default pair's)")
+    ap.add_argument("--draft", default=None, help="draft GGUF (default: the default pair's)")
+    ap.add_argument("--max-tokens", "-n", type=int, default=128)
+    ap.add_argument("--prompts-per-suite", type=int, default=3)
+    ap.add_argument("--draft-max", type=int, default=8, help="most drafted tokens per cycle, both sides (default: %(default)s)")
+    ap.add_argument("--threads", "-t", type=int, default=None, help="CPU threads, both sides (default: edgespec's default)")
+    ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench repetitions (default: %(default)s)")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write every measurement as JSON here")
+    args = ap.parse_args()
+
+    bin_dir = build(args.cache, args.llama_cpp_python_version, args.jobs)
+    if args.build_only:
+        print(bin_dir)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from edgespec.backend import default_threads
+    from edgespec.bench import _run_one, load_suites
+    from edgespec.config import ModelSpec, SamplingParams, SpecConfig
+    from edgespec.engine import Engine
+    from edgespec.models import resolve_model
+
+    import llama_cpp
+
+    if getattr(llama_cpp, "__version__", None) != args.llama_cpp_python_version:
+        log(f"note: edgespec runs on llama-cpp-python {getattr(llama_cpp, '__version__', '?')}, the tools are built from {args.llama_cpp_python_version}")
+    target = Path(resolve_model(args.target, "target"))
+    draft = Path(resolve_model(args.draft, "draft"))
+    threads = args.threads or default_threads()
+    n = args.max_tokens
+    suites = load_suites()
+    work = {
+        "code-completion": suites["code-completion"][: args.prompts_per_suite],
+        "input-grounded": suites["input-grounded"][: args.prompts_per_suite],
+    }
+    spec = SpecConfig(draft_max=args.draft_max)
+    eng = Engine.load(ModelSpec(target, n_threads=threads, n_ctx=4096), ModelSpec(draft, n_threads=threads, n_ctx=4096), spec=spec)
+    ngram_eng = Engine(eng.target, None, drafter="ngram", spec=spec, verify_costs=eng.verify_costs)
+    greedy = SamplingParams(temperature=0.0)
+    common = ["--no-escape", "-n", str(n), "--temp", "0", "-t", str(threads), "-c", "4096", "--spec-draft-n-max", str(args.draft_max)]
+    tools = {
+        "llama plain": lambda p: [str(bin_dir / "llama-lookup"), "-m", str(target), "-p", p, *common[:-1], "0"],
+        "llama spec-simple": lambda p: [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
+                                        "-p", p, *common, "-td", str(threads)],
+        "llama lookup": lambda p: [str(bin_dir / "llama-lookup"), "-m", str(target), "-p", p, *common],
+    }
+    per_suite_tools = {"code-completion": ["llama plain", "llama spec-simple"], "input-grounded": ["llama plain", "llama lookup"]}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    t_start = time.time()
+    # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
+    ctx0 = eng.prompt_tokens(work["code-completion"][0]["prompt"])
+    for s in (False, True):
+        _run_one(eng, ctx0, greedy, 8, s, False)
+    k = 0
+    for suite, entries in work.items():
+        res = results.setdefault(suite, {})
+        for i, entry in enumerate(entries):
+            ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
+            text = entry["prompt"] if "prompt" in entry else eng.render(entry["messages"])
+            steps: list[tuple[str, Any]] = [(name, tools[name]) for name in per_suite_tools[suite]]
+            steps.append(("edgespec plain", (eng, False)))
+            steps.append(("edgespec spec", (eng, True)))
+            if suite == "input-grounded":
+                steps.append(("edgespec ngram", (ngram_eng, True)))
+            if k % 2:
+                steps.reverse()  # alternate the order so that slow phases of the machine hit every method
+            k += 1
+            for name, how in steps:
+                if name.startswith("llama"):
+                    cmd = how(text)
+                    log(f"{suite} {i + 1}: {name}")
+                    r = run_tool(cmd, timeout=300)
+                    if "error" in r:
+                        log(f"  {name} failed: {r['error']}")
+                else:
+                    e, speculative = how
+                    rr = _run_one(e, ctx, greedy, n, speculative, False)["stats"]
+                    r = {"tokens": rr["n_generated"], "seconds": rr["decode_seconds"], "prompt_tokens": rr["n_prompt"],
+                         "n_drafted": rr["n_drafted"], "n_accept": rr["n_accepted"], "sources": rr["sources"]}
+                    log(f"{suite} {i + 1}: {name} {r['tokens'] / r['seconds']:.1f} tok/s")
+                res.setdefault(name, []).append(r)
+            # the prompt must be the same token sequence on both sides
+            llama_pt = {r.get("prompt_tokens") for nm, rs in res.items() if nm.startswith("llama") for r in rs[-1:] if "prompt_tokens" in r}
+            if llama_pt and llama_pt != {len(ctx)}:
+                log(f"  WARNING: prompt token counts differ: llama.cpp {sorted(llama_pt)} vs edgespec {len(ctx)}")
+    bench = llama_bench(bin_dir, target, n, threads, args.bench_reps)
+    elapsed = time.time() - t_start
+
+    # ------------------------------------------------------------------ report
+    cols = ["llama plain", "llama spec-simple", "llama lookup", "edgespec plain", "edgespec spec", "edgespec ngram"]
+    lines = [
+        f"llama.cpp (llama-cpp-python {args.llama_cpp_python_version} sources, CPU flags: {detect_cmake_args() or 'defaults'})",
+        f"target {target.name}  draft {draft.name}  greedy, {n} tokens, draft max {args.draft_max}, {threads} threads, "
+        f"{args.prompts_per_suite} prompts per suite, {elapsed:.0f}s",
+        "decode tokens/s (prompt processing excluded on both sides; sum of tokens / sum of seconds over the prompts)",
+        "",
+    ]
+    head = ["suite"] + cols
+    rows = []
+    for suite, res in results.items():
+        row = [suite]
+        for c in cols:
+            rate = _rate(res.get(c, []))
+            acc = _acc(res.get(c, [])) if c not in ("llama plain", "edgespec plain") else None
+            row.append("-" if rate is None else f"{rate:.1f}" + (f" ({100 * acc:.0f}%)" if acc is not None else ""))
+        rows.append(row)
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(str(c).rjust(w) if j else str(c).ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
+    lines += [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+    lines.append("(xx%) = draft acceptance (accepted / drafted)")
+    if "error" in bench:
+        lines.append(f"llama-bench tg{n}: failed: {bench['error']}")
+    else:
+        lines.append(f"llama-bench tg{n} (empty context, {bench['reps']} reps): {bench['tokens_per_second']:.1f} ± {bench['stddev']:.1f} tok/s")
+    lines.append("")
+    ratio_rows = []
+    for suite, res in results.items():
+        r = {c: _rate(res.get(c, [])) for c in cols}
+        llama_spec = "llama spec-simple" if suite == "code-completion" else "llama lookup"
+
+        def q(a: str, b: str) -> str:
+            return f"{r[a] / r[b]:.2f}" if r.get(a) and r.get(b) else "-"
+
+        ratio_rows.append([suite, q("edgespec plain", "llama plain"), q("edgespec spec", llama_spec),
+                           q("edgespec ngram", "llama lookup") if suite == "input-grounded" else "-",
+                           q(llama_spec, "llama plain"), q("edgespec spec", "edgespec plain")])
+    head2 = ["suite", "es plain / llama plain", "es spec / llama spec", "es ngram / llama lookup", "llama speedup", "edgespec speedup"]
+    widths = [max(len(str(x[i])) for x in [head2] + ratio_rows) for i in range(len(head2))]
+    fmt = lambda r: "  ".join(str(c).rjust(w) if j else str(c).ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
+    lines += [fmt(head2), "  ".join("-" * w for w in widths)] + [fmt(x) for x in ratio_rows]
+    lines.append("llama spec = llama-speculative-simple for code-completion, llama-lookup for input-grounded; "
+                 "speedup = spec rate / plain rate of the same implementation")
+    errors = [(s, c, r["error"]) for s, res in results.items() for c, rs in res.items() for r in rs if "error" in r]
+    for s, c, e in errors:
+        lines.append(f"ERROR {s} {c}: {e}")
+    print("\n".join(lines))
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"results": results, "llama_bench": bench, "threads": threads, "max_tokens": n}, indent=1))
+    eng.close()
+
+
+if __name__ == "__main__":
+    main()
