@@ -274,7 +274,7 @@ class Controller:
         max_probe_interval: int = 256,
         confidence_weight: float = 0.5,
         optimistic_a: float = 0.9,
-        min_gain: float = 0.05,
+        min_gain: float = 0.10,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
