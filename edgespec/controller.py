@@ -147,7 +147,10 @@ class CostModel:
     def update_draft(self, seconds_per_token: float) -> None:
         """Fold in one measured draft time per drafted token."""
         if not self.frozen and seconds_per_token >= 0:
-            self.c_draft = self._ema(self.c_draft, float(seconds_per_token))
+            # same outlier clamp as verify: a cycle that also caught the draft up on a long prompt must not make
+            # drafting look dear for the rest of the generation
+            cap = 2.0 * self.c_draft if self.c_draft > 0 else float(seconds_per_token)
+            self.c_draft = self._ema(self.c_draft, min(float(seconds_per_token), cap))
 
     def update_overhead(self, seconds: float) -> None:
         """Fold in one measured per-cycle overhead (sampling, acceptance, bookkeeping)."""

@@ -215,7 +215,7 @@ def main() -> None:
     ap.add_argument("--target", default=None, help="target GGUF (default: the default pair's)")
     ap.add_argument("--draft", default=None, help="draft GGUF (default: the default pair's)")
     ap.add_argument("--max-tokens", "-n", type=int, default=128)
-    ap.add_argument("--prompts-per-suite", type=int, default=3)
+    ap.add_argument("--prompts-per-suite", type=int, default=2, help="first N prompts of each suite (default: %(default)s)")
     ap.add_argument("--draft-max", type=int, default=8, help="most drafted tokens per cycle, both sides (default: %(default)s)")
     ap.add_argument("--threads", "-t", type=int, default=None, help="CPU threads, both sides (default: edgespec's default)")
     ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench repetitions (default: %(default)s)")
@@ -286,6 +286,8 @@ def main() -> None:
                     r = run_tool(cmd, timeout=300)
                     if "error" in r:
                         log(f"  {name} failed: {r['error']}")
+                    else:
+                        log(f"  {r['tokens'] / r['seconds']:.1f} tok/s" + (f", accept {r['n_accept']}/{r['n_drafted']}" if r.get("n_drafted") else ""))
                 else:
                     e, speculative = how
                     rr = _run_one(e, ctx, greedy, n, speculative, False)["stats"]
