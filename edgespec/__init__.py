@@ -13,11 +13,11 @@ from .config import ConfigError, EdgespecError, ModelSpec, SamplingParams, SpecC
 
 
 def __getattr__(name: str):  # lazy: importing edgespec must not load llama.cpp
-    if name in ("Engine", "Result", "Chunk", "Generation", "load_pair"):
+    if name in ("Engine", "Result", "Chunk", "Generation"):
         from . import engine
 
         return getattr(engine, name)
     raise AttributeError(name)
 
 
-__all__ = ["Engine", "Result", "Chunk", "Generation", "load_pair", "ModelSpec", "SamplingParams", "SpecConfig", "EdgespecError", "ConfigError", "__version__"]
+__all__ = ["Engine", "Result", "Chunk", "Generation", "ModelSpec", "SamplingParams", "SpecConfig", "EdgespecError", "ConfigError", "__version__"]

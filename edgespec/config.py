@@ -6,7 +6,7 @@ Validation happens here, once, so the library and the CLI refuse bad values with
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class EdgespecError(Exception):
@@ -145,4 +145,4 @@ class Timings:
         self.prefill += other.prefill
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "Timings", "field"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "Timings"]

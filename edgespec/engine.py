@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -372,12 +372,4 @@ class Engine:
         return self.stream(prompt, **kwargs).result()
 
 
-def load_pair(
-    target: ModelSpec | str,
-    draft: ModelSpec | str | None = None,
-    **kwargs: Any,
-) -> Engine:
-    return Engine.load(target, draft, **kwargs)
-
-
-__all__ = ["Engine", "Chunk", "Result", "Generation", "load_pair", "calibrate", "measure_decode_costs", "default_threads", "EdgespecError"]
+__all__ = ["Engine", "Chunk", "Result", "Generation", "calibrate", "measure_decode_costs", "default_threads", "EdgespecError"]
