@@ -201,9 +201,9 @@ class _Truncated(Exception):
 
 # GGUF value types (gguf.GGUFValueType): scalar struct formats; 8 = string, 9 = array.
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_MAX_HEADER = 1 << 30
+_MAX_HEADER = 1 << 30  # refuse absurd counts rather than allocate
 _KEEP_ARRAYS = {"tokenizer.ggml.tokens"}
-_U64 = __import__("struct").Struct("<Q")  # refuse absurd counts rather than allocate
+_U64 = __import__("struct").Struct("<Q")
 
 
 def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
@@ -304,7 +304,7 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[i
         data_start = (pos + align - 1) // align * align
         return kv, tensors, data_start
     finally:
-        del buf
+        buf.release()  # the mmap cannot close while a view of it is alive
         mm.close()
 
 
