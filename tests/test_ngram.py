@@ -12,29 +12,50 @@ from edgespec.drafters import NgramDrafter, Proposal
 from edgespec.drafters.ngram import NgramMatch
 
 
-def reference(tokens: list[int], k: int, n_max: int = 4, n_min: int = 1) -> tuple[list[int], int]:
-    """Brute force: the longest suffix (n_max..n_min) with an earlier occurrence, the most recent such
-    occurrence, the k tokens after it (continuing periodically past the end of the context)."""
+def reference_match(
+    tokens: list[int], k: int, n_max: int = 4, n_min: int = 1, run_cap: int = 64, candidates: int = 16
+) -> tuple[list[int], int, int]:
+    """Brute force: the longest suffix (n_max..n_min) with an earlier occurrence; for n < n_max the most recent
+    occurrence, for n = n_max the one among the `candidates` most recent whose preceding tokens agree longest
+    with the context (ties: most recent); the k tokens after it (continuing periodically past the end of the
+    context); and that agreement length (the run, capped at run_cap)."""
     L = len(tokens)
     if k <= 0:
-        return [], 0
+        return [], 0, 0
     for n in range(min(n_max, L - 1), n_min - 1, -1):
         suffix = tokens[L - n :]
-        for i in range(L - n - 1, -1, -1):
-            if tokens[i : i + n] == suffix:
-                virtual = list(tokens)
-                s = i + n
-                while len(virtual) < s + k:
-                    virtual.append(virtual[len(virtual) - (L - s)])
-                return virtual[s : s + k], n
-    return [], 0
+        starts = [i + n for i in range(L - n - 1, -1, -1) if tokens[i : i + n] == suffix]  # most recent first
+        if not starts:
+            continue
+
+        def run_of(s: int) -> int:
+            r = 0
+            while r < run_cap and s - 1 - r >= 0 and tokens[s - 1 - r] == tokens[L - 1 - r]:
+                r += 1
+            return r
+
+        if n == n_max:
+            runs = [run_of(s) for s in starts[:candidates]]
+            s, run = starts[runs.index(max(runs))], max(runs)
+        else:
+            s, run = starts[0], n
+        virtual = list(tokens)
+        while len(virtual) < s + k:
+            virtual.append(virtual[len(virtual) - (L - s)])
+        return virtual[s : s + k], n, run
+    return [], 0, 0
+
+
+def reference(tokens: list[int], k: int, n_max: int = 4, n_min: int = 1) -> tuple[list[int], int]:
+    got, n, _ = reference_match(tokens, k, n_max, n_min)
+    return got, n
 
 
 def test_simple_match():
     d = NgramDrafter()
     ctx = [1, 2, 3, 4, 9, 1, 2, 3]
     assert d.propose(ctx, 2).tokens == [4, 9]
-    assert d.last_match == NgramMatch([4, 9], 3, 3)
+    assert d.last_match == NgramMatch([4, 9], 3, 3, 3)
 
 
 def test_prefers_the_longest_suffix():
@@ -43,7 +64,8 @@ def test_prefers_the_longest_suffix():
     d = NgramDrafter()
     assert d.propose(ctx, 1).tokens == [40]
     assert d.last_match.length == 3
-    assert NgramDrafter(n_max=1).propose(ctx, 1).tokens == [50]
+    assert NgramDrafter(n_max=1, candidates=1).propose(ctx, 1).tokens == [50]  # the most recent 1-gram
+    assert NgramDrafter(n_max=1).propose(ctx, 1).tokens == [40]  # ... unless an older one agrees for longer
 
 
 def test_prefers_the_most_recent_among_equal_lengths():
@@ -95,12 +117,32 @@ def test_incremental_equals_reference_on_random_streams(vocab, n_max, n_min):
             inc.extend(new)
             ctx.extend(new)
             k = rng.randint(0, 10)
-            want, n = reference(ctx, k, n_max, n_min)
+            want, n, run = reference_match(ctx, k, n_max, n_min)
             got = inc.lookup(ctx, k)
-            assert (got.tokens, got.length) == (want, n)
+            assert (got.tokens, got.length, got.run if got.tokens else 0) == (want, n, run)
             fresh = NgramDrafter(n_max, n_min)
             fresh.reset(ctx)
             assert fresh.lookup(ctx, k) == got
+
+
+def test_run_measures_how_far_the_source_agrees_with_the_context():
+    # The text being copied: a block of the prompt, reproduced token for token.
+    source = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    ctx = [1, 2] + source + [3] + source[:7]
+    m = NgramDrafter(n_max=4).lookup(ctx, 3)
+    assert m.tokens == [17, 18, 19] and m.length == 4 and m.run == 7
+    assert NgramDrafter(n_max=4, run_cap=5).lookup(ctx, 3).run == 5
+    # A shorter suffix match has run == its length (a longer one would have matched at n + 1).
+    assert NgramDrafter(n_max=4).lookup([5, 6, 7, 1, 6, 7], 1) == NgramMatch([1], 2, 3, 2)
+
+
+def test_prefers_the_occurrence_that_agrees_longest():
+    # (7, 8, 9, 4) occurs twice; the older occurrence is preceded by the same 2 tokens as the context's suffix,
+    # so it is the likelier source even though the other is more recent.
+    ctx = [1, 2, 7, 8, 9, 4, 50, 0, 5, 7, 8, 9, 4, 60, 0, 1, 2, 7, 8, 9, 4]
+    m = NgramDrafter(n_max=4).lookup(ctx, 1)
+    assert m.tokens == [50] and m.run == 6
+    assert NgramDrafter(n_max=4, candidates=1).lookup(ctx, 1).tokens == [60]  # only the most recent is examined
 
 
 def test_propose_syncs_itself_and_resets_after_truncation():
@@ -140,3 +182,7 @@ def test_validates_arguments():
         NgramDrafter(n_max=2, n_min=3)
     with pytest.raises(ValueError):
         NgramDrafter(n_min=0)
+    with pytest.raises(ValueError):
+        NgramDrafter(n_max=4, run_cap=3)
+    with pytest.raises(ValueError):
+        NgramDrafter(candidates=0)
