@@ -111,6 +111,9 @@ class SpecConfig:
         False = always draft `draft_max` (the classic fixed-K loop).
     draft_temperature: None = the draft samples with the same settings as the target; otherwise its own
         temperature (other settings shared). Exactness never depends on this: q is always reported.
+    ngram_n_max, ngram_n_min: the longest and shortest context suffix the n-gram drafter looks up.
+    ngram_draft_max: the most tokens an n-gram proposal drafts (adaptive mode; a lookup is free, so it may
+        draft longer than the model drafter when the text is being copied).
     """
 
     draft_max: int = 8
@@ -119,10 +122,13 @@ class SpecConfig:
     draft_temperature: float | None = None
     ngram_n_max: int = 4
     ngram_n_min: int = 2
+    ngram_draft_max: int = 16
 
     def __post_init__(self) -> None:
         if self.draft_max < 0 or self.draft_max > 64:
             raise ConfigError(f"draft_max must be in [0, 64], got {self.draft_max}")
+        if self.ngram_draft_max < 1 or self.ngram_draft_max > 64:
+            raise ConfigError(f"ngram_draft_max must be in [1, 64], got {self.ngram_draft_max}")
         if self.draft_min < 1 or (self.draft_max and self.draft_min > self.draft_max):
             raise ConfigError(f"draft_min must be in [1, draft_max], got {self.draft_min}")
         if self.draft_temperature is not None and self.draft_temperature < 0:

@@ -18,6 +18,7 @@ Everything here is deterministic given its inputs: timings are passed in, nothin
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from typing import Mapping, Sequence
 
@@ -471,6 +472,173 @@ class Controller:
         }
 
 
+# --------------------------------------------------------------------------------------------- n-gram policy
+def _isotonic_increasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit of y (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [value, weight, count]
+    for yi, wi in zip(y, w):
+        blocks.append([float(yi), float(wi), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return np.array([v for v, _, c in blocks for _ in range(int(c))])
+
+
+class MatchLengthEstimator:
+    """α(m): the chance that the next token of an n-gram proposal is accepted when its source agrees with the
+    context on the last m tokens (the match's `run`).
+
+    Model: an accepted token extends the agreement by one, so a proposal made at run m has per-position
+    acceptance a_j = α(m + j - 1). Every drafted position is then one observation of α at its own run, deep
+    positions teach the long-run buckets, and a plain step whose emitted token can be compared with what the
+    lookup would have proposed is one free "shadow" observation (unbiased at any temperature: with a one-hot
+    proposal d the acceptance probability is p(d), the chance that the target's own token is d).
+
+    Runs are pooled in buckets (BUCKET_EDGES[b] <= m < BUCKET_EDGES[b + 1]). Each keeps decayed counts of
+    acceptances and rejections (multiplied by `decay` per emitted token); its estimate is shrunk towards the
+    pooled rate with weight `prior_strength` (as in AcceptanceEstimator) and the bucket estimates are then fitted
+    non-decreasing in m (weighted isotonic regression): a longer agreement is never taken as a worse sign, and a
+    bucket not yet observed inherits from the shorter runs.
+    """
+
+    BUCKET_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+    def __init__(self, prior_mean: float = 0.5, prior_strength: float = 2.0, decay: float = 0.995) -> None:
+        if not (0.0 < prior_mean < 1.0) or not (prior_strength > 0) or not (0.0 < decay <= 1.0):
+            raise ValueError("need 0 < prior_mean < 1, prior_strength > 0, 0 < decay <= 1")
+        self.prior_mean = prior_mean
+        self.prior_strength = prior_strength
+        self.decay = decay
+        nb = len(self.BUCKET_EDGES)
+        self.accepted = np.zeros(nb)
+        self.rejected = np.zeros(nb)
+        self._alphas: np.ndarray | None = None
+
+    def bucket(self, run: int) -> int:
+        return max(bisect_right(self.BUCKET_EDGES, run) - 1, 0)
+
+    def age(self, n_tokens: int = 1) -> None:
+        factor = self.decay ** max(n_tokens, 0)
+        self.accepted *= factor
+        self.rejected *= factor
+        self._alphas = None
+
+    def observe(self, run: int, accepted: bool) -> None:
+        """One drafted (or shadow) position at run `run`."""
+        b = self.bucket(run)
+        if accepted:
+            self.accepted[b] += 1.0
+        else:
+            self.rejected[b] += 1.0
+        self._alphas = None
+
+    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int) -> None:
+        """A cycle that drafted n_drafted tokens at run `run` and had the first n_accepted accepted."""
+        if not (0 <= n_accepted <= n_drafted):
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        self.age(n_accepted + 1)
+        for i in range(n_accepted):
+            self.observe(run + i, True)
+        if n_accepted < n_drafted:
+            self.observe(run + n_accepted, False)
+
+    def alphas(self) -> np.ndarray:
+        """α per bucket (shrunk, then fitted non-decreasing)."""
+        if self._alphas is None:
+            w = self.prior_strength
+            n = self.accepted + self.rejected
+            pooled = (self.accepted.sum() + w * self.prior_mean) / (n.sum() + w)
+            raw = (self.accepted + w * pooled) / (n + w)
+            self._alphas = _isotonic_increasing(raw, n + w)
+        return self._alphas
+
+    def rates(self, run: int, k: int) -> np.ndarray:
+        """a_1..a_k for a proposal made at run `run`: α(run), α(run + 1), ..."""
+        al = self.alphas()
+        return np.array([al[self.bucket(run + i)] for i in range(k)])
+
+
+class NgramPolicy:
+    """Draft length for n-gram (lookup) proposals, chosen after the lookup from the match's run m.
+
+    a_j = α(m + j - 1) from a MatchLengthEstimator, and k = best_k(a, cost, k_cap) with drafting free: the only
+    price of a draft is the larger verify batch, so k is as long as the expected accepted tokens pay for the
+    batch. There is no plain fallback or probe schedule as in Controller: a lookup costs nothing, so every
+    proposal the policy declines is still scored as a shadow observation (observe_shadow) and the estimate can
+    recover by itself. A draft must promise `min_gain` (5%) over plain decoding: verify costs are estimates, and
+    on a noisy CPU a draft that promises +2% is as likely to lose. With spec.adaptive False it always drafts k_cap
+    (spec.draft_max).
+    """
+
+    def __init__(
+        self, spec: SpecConfig, cost: CostModel, estimator: MatchLengthEstimator | None = None, min_gain: float = 0.05
+    ) -> None:
+        if min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+        self.spec = spec
+        self.cost = cost
+        self.min_gain = min_gain
+        cost.c_draft = 0.0
+        self.estimator = estimator if estimator is not None else MatchLengthEstimator()
+        self.k_max = spec.ngram_draft_max if spec.adaptive else spec.draft_max
+        self.decisions: Counter[int] = Counter()
+        self.cycles = 0
+        self.tokens_drafted = 0
+        self.tokens_accepted = 0
+        self.shadow_seen = 0
+        self.shadow_hits = 0
+
+    def choose(self, run: int, k_cap: int) -> int:
+        """Tokens to draft from a proposal at run `run` that offers (up to) k_cap tokens; 0 = plain step."""
+        k_cap = min(k_cap, self.k_max)
+        if k_cap <= 0:
+            return 0
+        if not self.spec.adaptive:
+            k = k_cap
+        else:
+            a, k_min = self.estimator.rates(run, k_cap), min(self.spec.draft_min, k_cap)
+            k = best_k(a, self.cost, k_cap, k_min)
+            if k and _rates(a, self.cost, k_cap, k_min)[k] < (1.0 + self.min_gain) / self.cost.cycle_time(0):
+                k = 0  # the expected gain is within the margin: not worth the risk of a costlier verify
+        self.decisions[k] += 1
+        return k
+
+    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int, t_verify: float) -> None:
+        """A verified n-gram draft (n_drafted >= 1) made at run `run`."""
+        self.cycles += 1
+        self.tokens_drafted += n_drafted
+        self.tokens_accepted += n_accepted
+        self.cost.update_verify(n_drafted + 1, t_verify)
+        self.estimator.observe_cycle(run, n_drafted, n_accepted)
+
+    def observe_plain(self, t_verify: float, n_tokens: int = 1) -> None:
+        """A cycle without an n-gram draft (plain, or drafted by another drafter) that emitted n_tokens."""
+        if t_verify > 0 and n_tokens == 1:
+            self.cost.update_verify(1, t_verify)
+        self.estimator.age(n_tokens)
+
+    def observe_shadow(self, run: int, hit: bool) -> None:
+        """A declined proposal at run `run` whose first token turned out to be (hit) or not be the next token."""
+        self.shadow_seen += 1
+        self.shadow_hits += bool(hit)
+        self.estimator.observe(run, hit)
+
+    def stats(self) -> dict:
+        return {
+            "k_chosen": dict(sorted(self.decisions.items())),
+            "cycles": self.cycles,
+            "tokens_drafted": self.tokens_drafted,
+            "tokens_accepted": self.tokens_accepted,
+            "acceptance": self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None,
+            "shadow": {"seen": self.shadow_seen, "hits": self.shadow_hits},
+            "alpha_by_run": {
+                str(e): round(float(a), 4) for e, a in zip(MatchLengthEstimator.BUCKET_EDGES, self.estimator.alphas())
+            },
+            "verify": self.cost.points,
+        }
+
+
 __all__ = [
     "expected_tokens",
     "CostModel",
@@ -478,4 +646,6 @@ __all__ = [
     "best_rate",
     "AcceptanceEstimator",
     "Controller",
+    "MatchLengthEstimator",
+    "NgramPolicy",
 ]

@@ -23,11 +23,11 @@ import numpy as np
 from . import chat_template
 from .backend import Model, default_threads
 from .config import ConfigError, EdgespecError, ModelSpec, SamplingParams, SpecConfig
-from .controller import Controller, CostModel
+from .controller import Controller, CostModel, NgramPolicy
 from .detok import StreamingDetokenizer
-from .drafters import Proposal
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.policy import HybridDrafter, LookupSpeculator
 from .gguf_check import inspect_gguf, require_compatible
 from .speculate import GenerationStats, Step, speculate
 
@@ -81,7 +81,9 @@ class Generation:
 
 
 # --------------------------------------------------------------------------------------------- calibration
-_CAL_SIZES = (1, 2, 4, 8, 16)
+# Every size up to 9, then a few larger ones: on CPUs the curve is irregular (here 12 tokens cost more than 16),
+# so interpolating from a few sizes misleads the controller. Sizes in between are learnt online.
+_CAL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17)
 
 
 def _cache_dir() -> Path:
@@ -143,59 +145,6 @@ def calibrate(target: Model, draft: Model | None, *, use_cache: bool = True) -> 
 def _model_key(m: Model) -> list[Any]:
     st = os.stat(m.spec.path)
     return [os.path.abspath(m.spec.path), st.st_size, st.st_mtime_ns, m.n_threads, m.spec.n_gpu_layers, m.n_batch]
-
-
-# --------------------------------------------------------------------------------------------- drafter wiring
-class HybridDrafter:
-    """Drafter + policy for "model+ngram": an n-gram continuation when the context has one (free, its own
-    controller), the draft model otherwise (its own controller). Each controller only sees its own cycles."""
-
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter, model_ctl: Controller, ngram_ctl: Controller) -> None:
-        self.model, self.ngram = model, ngram
-        self.model_ctl, self.ngram_ctl = model_ctl, ngram_ctl
-        self._k_model = self._k_ngram = 0
-        self._last: Controller | None = None
-
-    # policy side
-    def next_k(self) -> int:
-        self._k_model = self.model_ctl.next_k()
-        self._k_ngram = self.ngram_ctl.next_k()
-        return max(self._k_model, self._k_ngram)
-
-    def keep_drafting(self, position: int, confidence: float) -> bool:
-        return self.model_ctl.keep_drafting(position, confidence)
-
-    def observe(self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
-        ctl = self._last
-        if ctl is None or n_drafted == 0:
-            # A plain step: both controllers count it (each is waiting for its own probe schedule).
-            self.model_ctl.observe(0, 0, 0.0, t_verify)
-            self.ngram_ctl.observe(0, 0, 0.0, t_verify)
-        else:
-            ctl.observe(n_drafted, n_accepted, t_draft, t_verify)
-        self._last = None
-
-    # drafter side
-    name = "model+ngram"
-    cost_per_token_hint = 0.0
-
-    def propose(self, tokens: Sequence[int], k: int, rng: np.random.Generator, keep_drafting: Any) -> Proposal:
-        if self._k_ngram > 0:
-            d = self.ngram.propose(tokens, min(k, self._k_ngram), rng, keep_drafting)
-            if d.tokens:
-                self._last = self.ngram_ctl
-                return d
-        if self._k_model > 0:
-            self._last = self.model_ctl
-            return self.model.propose(tokens, min(k, self._k_model), rng, keep_drafting)
-        self._last = None
-        return Proposal(source="plain")
-
-    def stats(self) -> dict[str, Any]:
-        return {"model": self.model_ctl.stats(), "ngram": self.ngram_ctl.stats()}
-
-    def close(self) -> None:
-        """Nothing to free: the Engine owns the draft model and closes it."""
 
 
 # --------------------------------------------------------------------------------------------- engine
@@ -298,21 +247,19 @@ class Engine:
         if kind == "none" or self.spec.draft_max == 0:
             return None, None
 
-        def controller(free: bool) -> Controller:
+        def cost(free: bool) -> CostModel:
             # A seeded run plans with the calibrated costs only (not this run's timings): reproducible output.
-            cost = CostModel(
-                self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=sampling.seed is not None
-            )
-            return Controller(self.spec, cost, draft_is_free=free)
+            return CostModel(self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=sampling.seed is not None)
 
         md = ModelDrafter(self.draft, sampling, self.spec.draft_temperature) if self.draft is not None else None
         if kind == "model":
-            ctl = controller(False)
+            ctl = Controller(self.spec, cost(False))
             return md, ctl
         ng = NgramDrafter(self.spec.ngram_n_max, self.spec.ngram_n_min)
+        lookup = LookupSpeculator(ng, NgramPolicy(self.spec, cost(True)))
         if kind == "ngram":
-            return ng, controller(True)
-        hybrid = HybridDrafter(md, ng, controller(False), controller(True))  # type: ignore[arg-type]
+            return lookup, lookup
+        hybrid = HybridDrafter(md, lookup, Controller(self.spec, cost(False)))  # type: ignore[arg-type]
         return hybrid, hybrid
 
     def stream(

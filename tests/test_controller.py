@@ -17,6 +17,8 @@ from edgespec.controller import (
     AcceptanceEstimator,
     Controller,
     CostModel,
+    MatchLengthEstimator,
+    NgramPolicy,
     best_k,
     best_rate,
     expected_tokens,
@@ -437,3 +439,145 @@ def test_costly_drafter_is_switched_off_where_it_cannot_pay():
     free = Controller(spec, CostModel.from_relative(0.076, {1: 1.0, 2: 1.46, 4: 2.11, 8: 4.9}), draft_is_free=True)
     assert not free.disabled
     assert not Controller(SpecConfig(draft_max=4, adaptive=False), cpu).disabled  # fixed K is always obeyed
+
+
+# -- n-gram policy: acceptance by match run ---------------------------------------------------------------
+
+
+def test_match_length_buckets():
+    est = MatchLengthEstimator()
+    edges = MatchLengthEstimator.BUCKET_EDGES
+    assert [est.bucket(m) for m in (0, 1, 2, 3, 4, 5, 6, 7, 8)] == [0, 0, 1, 2, 3, 3, 4, 4, 5]
+    assert est.bucket(edges[-1]) == est.bucket(10_000) == len(edges) - 1
+
+
+def test_match_length_cycle_observations_follow_the_run():
+    # A draft made at run 4 that had 3 of 5 tokens accepted: runs 4, 5, 6 accepted (a copy extends the match by
+    # one per token), run 7 rejected, runs 8.. unobserved.
+    est = MatchLengthEstimator(decay=1.0)
+    est.observe_cycle(4, 5, 3)
+    b = est.bucket
+    assert est.accepted[b(4)] == 2 and est.accepted[b(6)] == 1 and est.rejected[b(7)] == 1
+    assert est.accepted.sum() == 3 and est.rejected.sum() == 1
+    est.observe_cycle(10, 2, 2)  # all accepted: no rejection recorded
+    assert est.rejected.sum() == 1 and est.accepted[b(10)] == 2  # runs 10 and 11 share the bucket 8..11
+    with pytest.raises(ValueError):
+        est.observe_cycle(3, 2, 3)
+
+
+def test_match_length_estimates_are_monotone_and_unobserved_runs_inherit():
+    est = MatchLengthEstimator(decay=1.0)
+    for _ in range(200):  # short runs: 30 %, long runs: 95 % (a pure-numpy stream, deterministic)
+        est.observe(2, False)
+    for _ in range(60):
+        est.observe(2, True)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        est.observe(40, bool(rng.random() < 0.95))
+    al = est.alphas()
+    assert np.all(np.diff(al) >= -1e-12)
+    assert al[est.bucket(2)] == pytest.approx(60 / 260, abs=0.02)
+    assert al[est.bucket(40)] == pytest.approx(0.95, abs=0.03)
+    # Runs 3..39 were never observed; monotone fit keeps them between the two.
+    for m in (3, 8, 20):
+        assert al[est.bucket(2)] - 1e-9 <= al[est.bucket(m)] <= al[est.bucket(40)] + 1e-9
+    # a non-monotone observation is pooled away: a bucket seen worse than a shorter one is averaged with it
+    est2 = MatchLengthEstimator(decay=1.0)
+    for _ in range(100):
+        est2.observe(4, True)
+        est2.observe(8, False)
+    al2 = est2.alphas()
+    assert al2[est2.bucket(4)] == pytest.approx(al2[est2.bucket(8)])
+    assert np.all(np.diff(al2) >= -1e-12)
+    assert list(est.rates(40, 3)) == [al[est.bucket(40)], al[est.bucket(41)], al[est.bucket(42)]]
+
+
+def test_match_length_decay_forgets():
+    est = MatchLengthEstimator(decay=0.9)
+    est.observe(5, True)
+    est.age(10)
+    assert est.accepted.sum() == pytest.approx(0.9**10)
+
+
+def _trained(alpha_of, decay=1.0, n=3000, seed=0) -> MatchLengthEstimator:
+    est = MatchLengthEstimator(decay=decay)
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        m = int(rng.integers(1, 70))
+        est.observe(m, bool(rng.random() < alpha_of(m)))
+    return est
+
+
+# Measured later on the same kind of 2-core machine (AVX2 only), 84 ms per token: a steeper, irregular curve.
+CPU2_REL = {1: 1.0, 2: 1.62, 3: 1.71, 4: 2.37, 5: 2.64, 6: 4.03, 8: 5.05, 16: 6.66}
+
+
+def test_ngram_policy_picks_the_brute_force_k_for_its_estimates():
+    cost = CostModel.from_relative(0.084, CPU2_REL)
+    est = _trained(lambda m: min(0.99, 0.35 + 0.02 * m))
+    pol = NgramPolicy(SpecConfig(ngram_draft_max=16), cost, est, min_gain=0.0)
+    for run in (1, 2, 4, 8, 16, 32, 64):
+        for cap in (1, 3, 16):
+            want = brute_best_k(list(est.rates(run, cap)), cost, cap)
+            assert pol.choose(run, cap) == want, (run, cap)
+    # Long copies on this CPU curve: a long draft; barely-matching text: none.
+    assert pol.choose(64, 16) >= 4
+    assert pol.choose(1, 16) == 0
+    assert pol.choose(64, 0) == 0
+    assert pol.stats()["k_chosen"]
+
+
+def test_ngram_policy_margin_declines_marginal_drafts():
+    cost = CostModel.from_relative(0.084, CPU2_REL)
+    est = _trained(lambda m: min(0.99, 0.35 + 0.02 * m))
+    strict = NgramPolicy(SpecConfig(ngram_draft_max=16), cost, est, min_gain=0.05)
+    for run in range(1, 65):
+        a = list(est.rates(run, 16))
+        k = brute_best_k(a, cost, 16)
+        gain = brute_rate(a, cost, k) * cost.cycle_time(0) - 1.0
+        assert strict.choose(run, 16) == (k if gain >= 0.05 else 0), (run, k, gain)
+    with pytest.raises(ValueError):
+        NgramPolicy(SpecConfig(), cost, est, min_gain=-0.1)
+
+
+def test_ngram_policy_drafts_longer_where_verify_is_flat():
+    est = _trained(lambda m: 0.9)
+    gpu = NgramPolicy(SpecConfig(ngram_draft_max=16), gpu_costs(), est)
+    cpu = NgramPolicy(SpecConfig(ngram_draft_max=16), CostModel.from_relative(0.084, CPU2_REL), est)
+    assert gpu.choose(8, 16) == 16
+    assert 0 < cpu.choose(8, 16) < 16
+
+
+def test_ngram_policy_fixed_k_and_draft_min():
+    est = _trained(lambda m: 0.01)
+    fixed = NgramPolicy(SpecConfig(draft_max=3, adaptive=False), cpu_costs(), est)
+    assert fixed.k_max == 3 and fixed.choose(2, 10) == 3 and fixed.choose(2, 2) == 2
+    gpu_good = NgramPolicy(SpecConfig(draft_min=4, ngram_draft_max=8), gpu_costs(), _trained(lambda m: 0.9))
+    assert gpu_good.choose(10, 8) in (0,) + tuple(range(4, 9))
+    assert gpu_good.choose(10, 2) in (0, 2)  # draft_min cannot exceed what the proposal offers
+
+
+def test_ngram_policy_recovers_through_shadow_observations():
+    # Learnt: nothing pays. Then the text turns repetitive; declined proposals are scored as shadows and the
+    # policy starts drafting again without ever paying for a probe.
+    pol = NgramPolicy(SpecConfig(ngram_draft_max=8), cpu_costs(), MatchLengthEstimator(decay=0.99))
+    for _ in range(200):
+        pol.estimator.observe_cycle(6, 2, 0)
+    assert pol.choose(6, 8) == 0
+    hits = 0
+    while pol.choose(6, 8) == 0:
+        pol.observe_shadow(6, True)
+        pol.observe_plain(C_TOKEN)
+        hits += 1
+        assert hits < 300
+    assert pol.stats()["shadow"] == {"seen": hits, "hits": hits}
+
+
+def test_ngram_policy_updates_costs_and_pins_draft_cost():
+    cost = cpu_costs(c_draft=0.05)
+    pol = NgramPolicy(SpecConfig(), cost)
+    assert cost.c_draft == 0.0
+    before = cost.verify(5)
+    pol.observe_cycle(8, 4, 4, before * 1.5)
+    assert cost.verify(5) > before
+    assert pol.stats()["tokens_accepted"] == 4

@@ -1,0 +1,80 @@
+"""The n-gram drafter as its own policy (LookupSpeculator) and the model+ngram hybrid, driven by a scripted
+target: no model, deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgespec.config import SpecConfig
+from edgespec.controller import CostModel, MatchLengthEstimator, NgramPolicy
+from edgespec.drafters import NgramDrafter, Proposal
+from edgespec.drafters.policy import LookupSpeculator
+
+# The CPU curve measured on this project's 2-core machine (relative to one token).
+CPU = {1: 1.0, 2: 1.62, 3: 1.71, 4: 2.37, 5: 2.64, 6: 4.03, 8: 5.05, 16: 6.66}
+
+
+def speculator(rel=CPU, **spec) -> LookupSpeculator:
+    cost = CostModel.from_relative(0.08, rel)
+    return LookupSpeculator(NgramDrafter(4, 2), NgramPolicy(SpecConfig(**spec), cost))
+
+
+def run_greedy(spec: LookupSpeculator, prompt: list[int], truth: list[int]) -> list[tuple[int, int]]:
+    """The loop against a target that emits `truth`: returns (drafted, accepted) per cycle."""
+    ctx, cycles, j = list(prompt), [], 0
+    while j < len(truth):
+        k = min(spec.next_k(), len(truth) - j - 1)
+        d = spec.propose(ctx, k) if k > 0 else Proposal()
+        n = 0
+        while n < len(d.tokens) and d.tokens[n] == truth[j + n]:
+            n += 1
+        spec.observe(len(d.tokens), n, 0.0, 0.08)
+        new = truth[j : j + n + 1]
+        ctx += new
+        j += len(new)
+        cycles.append((len(d.tokens), n))
+    return cycles
+
+
+def test_copying_a_block_drafts_long_and_accepts():
+    rng = np.random.default_rng(0)
+    block = [int(t) for t in rng.integers(1000, 5000, 300)]
+    noise = [int(t) for t in rng.integers(5000, 9000, 80)]
+    prompt = noise + block + noise[:5]
+    spec = speculator()
+    cycles = run_greedy(spec, prompt, block)  # the answer copies the block
+    drafted = [d for d, _ in cycles]
+    assert sum(n + 1 for _, n in cycles) == len(block)
+    assert len(cycles) < len(block) / 2.5  # >= 2.5 tokens per verify on average
+    assert max(drafted[-20:]) >= 4  # long drafts once the run is long
+    st = spec.stats()
+    assert st["acceptance"] > 0.9
+
+
+def test_novel_text_stays_plain_after_learning():
+    rng = np.random.default_rng(1)
+    vocab = [int(t) for t in rng.integers(0, 40, 2000)]  # small alphabet: many short spurious matches
+    spec = speculator()
+    cycles = run_greedy(spec, vocab[:50], vocab[50:1000])
+    late = cycles[-200:]
+    assert sum(d for d, _ in late) <= 0.2 * len(late)  # mostly declined once the estimates say it cannot pay
+    assert spec.stats()["shadow"]["seen"] > 100  # ... yet every declined proposal was still measured
+
+
+def test_shadow_scores_only_continuations():
+    spec = speculator()
+    spec.policy.estimator = MatchLengthEstimator()
+    for _ in range(50):  # make every run look hopeless so that proposals are declined
+        spec.policy.estimator.observe_cycle(2, 3, 0)
+    ctx = [1, 2, 3, 4, 9, 1, 2]
+    assert spec.propose(ctx, 8).tokens == []
+    assert spec.propose(ctx + [3], 8).tokens == []  # the target emitted 3: a hit at position 7
+    assert spec.policy.shadow_hits == 1 and spec.policy.shadow_seen == 1
+    assert spec.propose([7, 7, 7, 8, 1, 2, 5], 8).tokens == []  # a different context: not scored
+    assert spec.policy.shadow_seen == 1
+
+
+def test_fixed_k_drafts_what_it_is_told():
+    spec = speculator(draft_max=3, adaptive=False)
+    assert spec.next_k() == 3
+    assert spec.propose([1, 2, 3, 4, 5, 1, 2], 3).tokens == [3, 4, 5]
