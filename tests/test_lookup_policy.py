@@ -78,3 +78,41 @@ def test_fixed_k_drafts_what_it_is_told():
     spec = speculator(draft_max=3, adaptive=False)
     assert spec.next_k() == 3
     assert spec.propose([1, 2, 3, 4, 5, 1, 2], 3).tokens == [3, 4, 5]
+
+
+class _ScriptedModel:
+    """Stands in for ModelDrafter: proposes [7] * k and records the calls."""
+
+    name = "model"
+    cost_per_token_hint = 0.4
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, tokens, k, rng=None, keep_drafting=None) -> Proposal:
+        self.calls += 1
+        return Proposal(tokens=[7] * k, q=[None] * k, source="model")
+
+
+def test_hybrid_routes_to_the_lookup_when_it_wants_a_draft_else_to_the_model():
+    from edgespec.controller import Controller
+    from edgespec.drafters.policy import HybridDrafter
+
+    gpu = {1: 1.0, 64: 1.01}  # flat verify: the model controller is enabled and drafts
+    model_ctl = Controller(SpecConfig(draft_max=4, adaptive=False), CostModel(gpu, c_draft=0.01))
+    lookup = speculator(rel=gpu)
+    model = _ScriptedModel()
+    hybrid = HybridDrafter(model, lookup, model_ctl)  # type: ignore[arg-type]
+    # a repeated block: the lookup proposes its continuation
+    k = hybrid.next_k()
+    d = hybrid.propose([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], k, None, hybrid.keep_drafting)
+    assert d.source == "ngram" and d.tokens[:2] == [5, 6] and model.calls == 0
+    hybrid.observe(len(d.tokens), 2, 0.0, 1.0)
+    assert lookup.policy.cycles == 1 and model_ctl.cycles == 0
+    # nothing to look up: the draft model drafts, and only its controller learns from the cycle
+    k = hybrid.next_k()
+    d = hybrid.propose([9, 8, 7, 6], k, None, hybrid.keep_drafting)
+    assert d.source == "model" and d.tokens == [7] * 4 and model.calls == 1
+    hybrid.observe(4, 1, 0.04, 1.0)
+    assert model_ctl.cycles == 1 and lookup.policy.cycles == 1
+    assert set(hybrid.stats()) == {"model", "ngram"}
