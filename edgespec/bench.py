@@ -124,7 +124,7 @@ def _run_one(engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: 
     draft_prefill = 0.0
     if engine.draft is not None:
         engine.draft.reset()
-        if speculative and not cold_draft and engine.drafter_kind in ("model", "model+ngram") and len(ctx) > 1:
+        if speculative and not cold_draft and engine.model_draft_pays and len(ctx) > 1:
             t0 = time.perf_counter()
             engine.draft.sync(ctx[:-1], rows=())
             draft_prefill = time.perf_counter() - t0

@@ -242,6 +242,15 @@ class Engine:
         return toks
 
     # ----------------------------------------------------------------------------- generation
+    @property
+    def model_draft_pays(self) -> bool:
+        """Whether the draft model can pay on this machine: False without one, or when the controller's hardware gate
+        (calibrated costs, 90% acceptance everywhere still gains under 10%) switches it off. Then "model+ngram" runs
+        the n-gram drafter alone and the draft model does no work at all."""
+        if self.draft is None or self.drafter_kind not in ("model", "model+ngram") or self.spec.draft_max == 0:
+            return False
+        return not Controller(self.spec, CostModel(self.verify_costs, c_draft=self.draft_cost)).disabled
+
     def _make_drafter(self, sampling: SamplingParams, speculative: bool) -> tuple[Any, Any]:
         kind = self.drafter_kind if speculative else "none"
         if kind == "none" or self.spec.draft_max == 0:
@@ -257,7 +266,7 @@ class Engine:
             return md, ctl
         ng = NgramDrafter(self.spec.ngram_n_max, self.spec.ngram_n_min)
         lookup = LookupSpeculator(ng, NgramPolicy(self.spec, cost(True)))
-        if kind == "ngram":
+        if kind == "ngram" or not self.model_draft_pays:
             return lookup, lookup
         hybrid = HybridDrafter(md, lookup, Controller(self.spec, cost(False)))  # type: ignore[arg-type]
         return hybrid, hybrid

@@ -116,3 +116,26 @@ def test_hybrid_routes_to_the_lookup_when_it_wants_a_draft_else_to_the_model():
     hybrid.observe(4, 1, 0.04, 1.0)
     assert model_ctl.cycles == 1 and lookup.policy.cycles == 1
     assert set(hybrid.stats()) == {"model", "ngram"}
+
+
+def test_engine_runs_the_lookup_alone_where_the_draft_model_cannot_pay(tiny):
+    from edgespec.config import SamplingParams
+    from edgespec.engine import Engine
+    from edgespec.drafters.policy import HybridDrafter
+
+    cpu = {n: 0.08 * r for n, r in CPU.items()}  # the 2-core CPU: the gate switches a 0.4x draft off
+    gpu = {1: 0.02, 64: 0.021}
+    with Engine.load(tiny["target"], tiny["draft"], calibrate_costs=False) as eng:
+        eng.verify_costs, eng.draft_cost = cpu, 0.032
+        assert not eng.model_draft_pays
+        drafter, policy = eng._make_drafter(SamplingParams(temperature=0), True)
+        assert isinstance(drafter, LookupSpeculator) and policy is drafter
+        r = eng.generate("abcabcabc", sampling=SamplingParams(temperature=0), max_tokens=8)
+        assert "model" not in r.stats.source_counts
+        eng.verify_costs, eng.draft_cost = gpu, 0.004
+        assert eng.model_draft_pays
+        assert isinstance(eng._make_drafter(SamplingParams(temperature=0), True)[0], HybridDrafter)
+        # a fixed K is always obeyed, whatever the hardware
+        eng.spec = SpecConfig(draft_max=3, adaptive=False)
+        eng.verify_costs, eng.draft_cost = cpu, 0.032
+        assert eng.model_draft_pays
