@@ -177,7 +177,11 @@ def best_k(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> i
 
     Ties (rates within a relative 1e-12) go to the smaller k. k_max is clipped to len(a).
     """
-    rates = _rates(a, cost, k_max, k_min)
+    return _argmax(_rates(a, cost, k_max, k_min))
+
+
+def _argmax(rates: Mapping[int, float]) -> int:
+    """The k of the highest rate; near-ties (relative 1e-12) go to the smaller k."""
     top = max(rates.values())
     return min(k for k, r in rates.items() if r >= top * (1.0 - _TIE_RTOL))
 
@@ -597,9 +601,9 @@ class NgramPolicy:
         if not self.spec.adaptive:
             k = k_cap
         else:
-            a, k_min = self.estimator.rates(run, k_cap), min(self.spec.draft_min, k_cap)
-            k = best_k(a, self.cost, k_cap, k_min)
-            if k and _rates(a, self.cost, k_cap, k_min)[k] < (1.0 + self.min_gain) / self.cost.cycle_time(0):
+            rates = _rates(self.estimator.rates(run, k_cap), self.cost, k_cap, min(self.spec.draft_min, k_cap))
+            k = _argmax(rates)
+            if k and rates[k] < (1.0 + self.min_gain) * rates[0]:
                 k = 0  # the expected gain is within the margin: not worth the risk of a costlier verify
         self.decisions[k] += 1
         return k
