@@ -249,26 +249,31 @@ class Engine:
         the n-gram drafter alone and the draft model does no work at all."""
         if self.draft is None or self.drafter_kind not in ("model", "model+ngram") or self.spec.draft_max == 0:
             return False
-        return not Controller(self.spec, CostModel(self.verify_costs, c_draft=self.draft_cost)).disabled
+        return not self._model_controller(frozen=False).disabled
+
+    def _cost(self, free: bool, frozen: bool) -> CostModel:
+        return CostModel(self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=frozen)
+
+    def _model_controller(self, frozen: bool) -> Controller:
+        return Controller(self.spec, self._cost(False, frozen))
 
     def _make_drafter(self, sampling: SamplingParams, speculative: bool) -> tuple[Any, Any]:
         kind = self.drafter_kind if speculative else "none"
         if kind == "none" or self.spec.draft_max == 0:
             return None, None
-
-        def cost(free: bool) -> CostModel:
-            # A seeded run plans with the calibrated costs only (not this run's timings): reproducible output.
-            return CostModel(self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=sampling.seed is not None)
-
+        # A seeded run plans with the calibrated costs only (not this run's timings): reproducible output.
+        frozen = sampling.seed is not None
         md = ModelDrafter(self.draft, sampling, self.spec.draft_temperature) if self.draft is not None else None
         if kind == "model":
-            ctl = Controller(self.spec, cost(False))
-            return md, ctl
-        ng = NgramDrafter(self.spec.ngram_n_max, self.spec.ngram_n_min)
-        lookup = LookupSpeculator(ng, NgramPolicy(self.spec, cost(True)))
-        if kind == "ngram" or not self.model_draft_pays:
+            return md, self._model_controller(frozen)
+        ngram = NgramDrafter(self.spec.ngram_n_max, self.spec.ngram_n_min)
+        lookup = LookupSpeculator(ngram, NgramPolicy(self.spec, self._cost(True, frozen)))
+        if kind == "ngram":
             return lookup, lookup
-        hybrid = HybridDrafter(md, lookup, Controller(self.spec, cost(False)))  # type: ignore[arg-type]
+        model_ctl = self._model_controller(frozen)
+        if model_ctl.disabled:  # the hardware gate (see model_draft_pays): the lookup alone
+            return lookup, lookup
+        hybrid = HybridDrafter(md, lookup, model_ctl)  # type: ignore[arg-type]
         return hybrid, hybrid
 
     def stream(
