@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from .config import EdgespecError, SamplingParams, Timings
+from .config import DraftRatios, EdgespecError, SamplingParams, Timings
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Chunk, Engine, Generation
@@ -49,7 +49,7 @@ class ChatContextError(ChatError):
 
 
 @dataclass
-class ChatTotals:
+class ChatTotals(DraftRatios):
     """Session totals over all answered turns."""
 
     turns: int = 0
@@ -82,14 +82,6 @@ class ChatTotals:
     @property
     def tokens_per_second(self) -> float:
         return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def mu(self) -> float:
-        return self.n_accepted / self.n_spec_cycles if self.n_spec_cycles else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

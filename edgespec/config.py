@@ -135,6 +135,21 @@ class SpecConfig:
             raise ConfigError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
 
 
+class DraftRatios:
+    """μ and acceptance for any stats record with n_accepted, n_drafted and n_spec_cycles counters (one
+    generation's GenerationStats, a chat session's ChatTotals)."""
+
+    @property
+    def mu(self) -> float:
+        """Mean drafted tokens accepted per speculative cycle."""
+        return self.n_accepted / self.n_spec_cycles if self.n_spec_cycles else 0.0  # type: ignore[attr-defined]
+
+    @property
+    def acceptance(self) -> float:
+        """Share of drafted tokens the target kept."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0  # type: ignore[attr-defined]
+
+
 @dataclass
 class Timings:
     """Seconds spent, split by where."""
@@ -151,4 +166,4 @@ class Timings:
         self.prefill += other.prefill
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "Timings"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "DraftRatios", "Timings"]

@@ -24,7 +24,7 @@ import numpy as np
 
 from .acceptance import Verdict, accept_greedy, accept_sampled
 from .backend import Model
-from .config import SamplingParams, Timings
+from .config import DraftRatios, SamplingParams, Timings
 from .drafters import Drafter, Proposal
 from .sampling import greedy as greedy_token
 from .sampling import warp
@@ -56,7 +56,7 @@ class Step:
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(DraftRatios):
     n_prompt: int = 0
     n_prefill: int = 0  # prompt tokens actually decoded (the rest came from the KV cache)
     n_generated: int = 0
@@ -74,17 +74,8 @@ class GenerationStats:
     source_counts: dict[str, int] = field(default_factory=dict)
 
     @property
-    def mu(self) -> float:
-        """Mean drafted tokens accepted per speculative cycle."""
-        return self.n_accepted / self.n_spec_cycles if self.n_spec_cycles else 0.0
-
-    @property
     def tokens_per_cycle(self) -> float:
         return self.n_generated / self.n_cycles if self.n_cycles else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
 
     @property
     def decode_seconds(self) -> float:
