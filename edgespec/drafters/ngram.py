@@ -1,23 +1,25 @@
 """Prompt-lookup drafting: propose what followed the last time the context's ending appeared before.
 
 For the context t_0..t_{L-1} and n from n_max down to n_min, look for an earlier occurrence of the suffix
-t_{L-n}..t_{L-1}; the first n that has one wins (the longest match), and among occurrences of that n-gram
-the most recent one wins. For n = n_max the match is also extended backwards: among the `candidates` most
-recent occurrences, the one whose preceding tokens agree with the context's for longest wins (ties: the most
-recent), and that agreement, capped at `run_cap`, is the match's `run`. A long run means the text is being
-copied from its source (a rewrite, an edit, a repeated block) and the next tokens are very likely right; the
-n-gram policy (controller.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s, t_{s+1}, ... (s = the position
-just after the occurrence). When the continuation runs into the end of the context it keeps copying from
-its own proposed tokens (period L - s), i.e. it predicts that a repeating pattern goes on repeating.
+t_{L-n}..t_{L-1}; the first n that has one wins (the longest match), and among occurrences of that n-gram the
+most recent one wins. For n = n_max the match is also extended backwards: among the `candidates` most recent
+occurrences, the one whose preceding tokens agree with the context's for longest wins (ties: the most recent),
+and that agreement, capped at `run_cap`, is the match's `run`. A long run means the text is being copied from
+its source (a rewrite, an edit, a repeated block) and the next tokens are very likely right; the n-gram policy
+(controller.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s,
+t_{s+1}, ... (s = the position just after the occurrence). When the continuation runs into the end of the
+context it keeps copying from its own proposed tokens (period L - s), i.e. it predicts that a repeating
+pattern goes on repeating.
 
 Proposals are deterministic, so the engine treats each as a one-hot q (Proposal.q rows are None), which keeps
 the acceptance rule exact. No model is involved: drafting costs microseconds.
 
-Index: one dict from n-gram (a tuple of n token ids, n_min <= n < n_max) to the position s of the token
-that followed its most recent occurrence, and one from n_max-grams to the list of such positions. Appending token t_p at position p records, for each n, the
-n-gram t_{p-n}..t_{p-1} -> p; so the suffix of the context itself (which nothing follows yet) is never
-its own match. `extend` appends, `reset` rebuilds after a truncation, and `propose` does either by itself
-when handed a context that is not a continuation of the one indexed.
+Index: one dict from n-gram (a tuple of n token ids, n_min <= n < n_max) to the position s of the token that
+followed its most recent occurrence, and one from n_max-grams to the list of such positions (the latest 2 x
+`candidates` at most). Appending token t_p at position p records, for each n, the n-gram t_{p-n}..t_{p-1} ->
+p; so the suffix of the context itself (which nothing follows yet) is never its own match. `extend` appends,
+`reset` rebuilds after a truncation, and `propose` does either by itself when handed a context that is not a
+continuation of the one indexed.
 """
 
 from __future__ import annotations
