@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.chat import ChatContextError, ChatError, ChatSession, _complete_utf8
-from edgespec.chat_cli import read_message
+from edgespec.cli.chat import read_message
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec import models as m
-from edgespec.cli_models import models as models_cli
+from edgespec.cli.models import models as models_cli
 from edgespec.config import EdgespecError
 
 PAIR = "fake-pair"

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import click
 
-from .config import EdgespecError, ModelSpec, SamplingParams, SpecConfig
+from ..config import EdgespecError, ModelSpec, SamplingParams, SpecConfig
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
@@ -66,8 +66,8 @@ def make_sampling(kw: dict[str, Any]) -> SamplingParams:
 
 def load_engine(kw: dict[str, Any]) -> Any:
     """Build an Engine from the model options (popped from kw)."""
-    from .engine import Engine
-    from .models import resolve_model
+    from ..engine import Engine
+    from ..models import resolve_model
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -87,7 +87,7 @@ def load_engine(kw: dict[str, Any]) -> Any:
     elif drafter != "ngram":
         # An explicit --target without --draft means: that target, and the default draft only if none was given.
         if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
-            from .models import ModelsError
+            from ..models import ModelsError
 
             try:
                 dpath = resolve_model(None, "draft")

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import click
 
-from .cli_common import load_engine, make_sampling, model_options, sampling_options
-from .config import EdgespecError
+from .common import load_engine, make_sampling, model_options, sampling_options
+from ..config import EdgespecError
 
 FENCE = '"""'
 
@@ -202,7 +202,7 @@ class _SigintFlag:
 
 
 def _answer(session: Any, text: str, out: Output) -> None:
-    from .chat import ChatContextError
+    from ..chat import ChatContextError
 
     # From here until the answer is recorded, Ctrl-C only raises a flag: the engine is never interrupted between
     # a decode and its cache bookkeeping, and the session always records the (partial) answer.
@@ -228,7 +228,7 @@ def _answer(session: Any, text: str, out: Output) -> None:
 
 def _command(session: Any, line: str, out: Output) -> bool:
     """Run a slash command; False means leave."""
-    from .chat import ChatError
+    from ..chat import ChatError
 
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
@@ -309,7 +309,7 @@ def chat(**kw: Any) -> None:
     sends it (on a terminal Esc Enter / Alt-Enter also inserts a newline). Commands: /help, /reset,
     /system TEXT, /stats, /save FILE, /exit. Ctrl-C stops an answer; Ctrl-D leaves.
     """
-    from .chat import ChatSession
+    from ..chat import ChatSession
 
     sampling = make_sampling(kw)
     system, max_tokens = kw.pop("system"), kw.pop("max_tokens")
@@ -333,7 +333,7 @@ def chat(**kw: Any) -> None:
 
 def _pull(target: str | None) -> None:
     """Fetch the pair named by --target (or the default pair) unless --target is a file."""
-    from . import models
+    from .. import models
 
     if target is not None and Path(target).expanduser().exists():
         return

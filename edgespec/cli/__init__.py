@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .cli_common import (  # noqa: F401  (re-exported for library users and older imports)
+from .. import __version__
+from .common import (  # noqa: F401  (re-exported for library users and older imports)
     DRAFT_ENV,
     TARGET_ENV,
     load_engine,
@@ -22,7 +22,7 @@ from .cli_common import (  # noqa: F401  (re-exported for library users and olde
     sampling_options,
     stats_line,
 )
-from .config import EdgespecError
+from ..config import EdgespecError
 
 
 class Group(click.Group):
@@ -60,7 +60,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(files: tuple[str, ...], as_json: bool) -> None:
     """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired."""
-    from .gguf_check import check_pair, inspect_gguf
+    from ..gguf_check import check_pair, inspect_gguf
 
     if len(files) > 2:
         raise click.UsageError("give one file, or two (target then draft)")
@@ -129,9 +129,9 @@ def generate(prompt: str | None, **kw: Any) -> None:
         click.echo(stats_line(gen.stats), err=True)
 
 
-from .bench import bench  # noqa: E402  (command modules import cli_common, never this module)
-from .chat_cli import chat  # noqa: E402
-from .cli_models import models  # noqa: E402
+from .bench import bench  # noqa: E402
+from .chat import chat  # noqa: E402
+from .models import models  # noqa: E402
 
 main.add_command(models)
 main.add_command(chat)
