@@ -17,18 +17,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import EdgespecError, ModelSpec
+from .config import ModelSpec
+from .errors import BackendError, ContextFullError
 from .gguf_check import GGUFInfo, inspect_gguf
 
 import llama_cpp as C  # noqa: E402  (after the pure imports on purpose: this is the one place)
-
-
-class BackendError(EdgespecError):
-    """llama.cpp refused or failed an operation."""
-
-
-class ContextFullError(BackendError):
-    """The tokens would not fit in the context window."""
 
 
 _LOG_CB = None

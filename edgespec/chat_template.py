@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from .config import EdgespecError
+from .errors import TemplateError
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}"
@@ -20,10 +20,6 @@ FALLBACK_TEMPLATE = (
 )
 
 ROLES = ("system", "user", "assistant")
-
-
-class TemplateError(EdgespecError):
-    pass
 
 
 @lru_cache(maxsize=8)

@@ -9,12 +9,7 @@ import os
 from dataclasses import dataclass
 
 
-class EdgespecError(Exception):
-    """An error meant for the user: one clear line, no traceback."""
-
-
-class ConfigError(EdgespecError, ValueError):
-    """A setting is out of range."""
+from .errors import ConfigError, EdgespecError
 
 
 @dataclass(frozen=True)

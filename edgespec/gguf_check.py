@@ -17,20 +17,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .config import EdgespecError
+from .errors import IncompatiblePairError, ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp's own tolerance for draft/target vocabularies (common/speculative.cpp).
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
-
-
-class ModelFileError(EdgespecError):
-    """A model file that llama.cpp must not be given."""
-
-
-class IncompatiblePairError(EdgespecError):
-    """Draft and target do not share a tokenizer."""
 
 
 def _computable_types() -> frozenset[int]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
-from edgespec.config import EdgespecError
+from edgespec.errors import ModelsError
 
 __all__ = [
     "DEFAULT_INDEX_URL",
@@ -72,10 +72,6 @@ _PEP691_JSON = "application/vnd.pypi.simple.v1+json"
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-class ModelsError(EdgespecError):
-    """A model-cache problem (bad manifest, missing file, failed pull): one line for the user."""
 
 
 # --------------------------------------------------------------------------------------------------------------------

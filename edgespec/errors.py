@@ -1,0 +1,62 @@
+"""Every error edgespec raises on purpose, in one place.
+
+Each one is meant for a person: its message is one line that says what is wrong and, where it helps, what to do.
+The CLI prints it and exits 1; an app catches `EdgespecError` (or a subclass) and shows the message. Anything else
+that escapes the library is a bug.
+"""
+
+from __future__ import annotations
+
+
+class EdgespecError(Exception):
+    """An error meant for the user: one clear line, no traceback."""
+
+
+class ConfigError(EdgespecError, ValueError):
+    """A setting or argument is out of range or of the wrong type."""
+
+
+class ModelFileError(EdgespecError):
+    """A model file that llama.cpp must not be given (damaged, unsupported, hostile)."""
+
+
+class IncompatiblePairError(EdgespecError):
+    """Draft and target do not share a tokenizer."""
+
+
+class BackendError(EdgespecError):
+    """llama.cpp refused or failed an operation."""
+
+
+class ContextFullError(BackendError):
+    """The tokens would not fit in the context window."""
+
+
+class EngineClosedError(EdgespecError):
+    """The engine was closed; load a new one."""
+
+
+class QueueFullError(EdgespecError):
+    """Too many generations are waiting for the engine."""
+
+
+class TemplateError(EdgespecError):
+    """The chat template cannot render these messages (or misbehaves)."""
+
+
+class ModelsError(EdgespecError):
+    """A model-cache problem (bad manifest, missing file, failed pull)."""
+
+
+__all__ = [
+    "EdgespecError",
+    "ConfigError",
+    "ModelFileError",
+    "IncompatiblePairError",
+    "BackendError",
+    "ContextFullError",
+    "EngineClosedError",
+    "QueueFullError",
+    "TemplateError",
+    "ModelsError",
+]
