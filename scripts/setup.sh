@@ -10,15 +10,15 @@
 # * EDGESPEC_CMAKE_ARGS replaces the detected flags entirely.
 #
 # pip's wheel cache ignores CMAKE_ARGS, so this script never uses it for llama-cpp-python: the wheel it
-# builds is kept in ~/.cache/edgespec/wheels/<key>/, where <key> hashes the version, the CMake flags, the
-# Python version and the platform. A second run with the same configuration reuses that wheel (seconds);
-# a different configuration builds its own.
+# builds is kept in $EDGESPEC_CACHE_DIR/wheels/<key>/ (default ~/.cache/edgespec), where <key> hashes the
+# version, the CMake flags, the Python version and the platform. A second run with the same configuration
+# reuses that wheel (seconds); a different configuration builds its own.
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION="${EDGESPEC_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${EDGESPEC_VENV:-$ROOT/.venv}"
-CACHE="${EDGESPEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}"
+CACHE="${EDGESPEC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/edgespec}"
 PY="${PYTHON:-python3}"
 
 log() { printf '[setup] %s\n' "$*" >&2; }

@@ -15,19 +15,28 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_tiny_set(tmp_path_factory.mktemp("tiny"))
 
 
+def _resolve_real_pair() -> tuple[tuple[Path, Path] | None, str]:
+    try:
+        from edgespec.models import resolve_model
+
+        return (resolve_model(None, "target"), resolve_model(None, "draft")), ""
+    except Exception as e:  # noqa: BLE001 - any reason means: no usable real pair
+        return None, str(e)
+
+
+# Resolved at import, before _isolated_cache points EDGESPEC_CACHE_DIR (and so the model cache) at a temp folder.
+_REAL_PAIR, _REAL_PAIR_WHY = _resolve_real_pair()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    # Calibration tables etc. go to a per-run folder; model files stay where EDGESPEC_MODELS_DIR/defaults say.
+    # Calibration tables, model files etc. go to a per-run folder; the real pair's paths were resolved above.
     os.environ.setdefault("EDGESPEC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
 def real_pair_paths() -> tuple[Path, Path] | None:
-    try:
-        from edgespec.models import resolve_model
-
-        return resolve_model(None, "target"), resolve_model(None, "draft")
-    except Exception:
-        return None
+    """The real pair's (target, draft) in the user's model cache, as resolved when the test session started."""
+    return _REAL_PAIR
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +44,6 @@ def real_pair() -> tuple[Path, Path]:
     paths = real_pair_paths()
     if paths is None:
         if os.environ.get("EDGESPEC_REQUIRE_REAL") == "1":
-            pytest.fail("the real model pair is not in the cache (run `edgespec models pull`)")
-        pytest.skip("real model pair not in the cache (edgespec models pull)")
+            pytest.fail(f"the real model pair is not usable: {_REAL_PAIR_WHY}")
+        pytest.skip(f"real model pair not usable: {_REAL_PAIR_WHY}")
     return paths

