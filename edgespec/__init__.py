@@ -5,19 +5,53 @@ Public API::
     from edgespec import Engine, ModelSpec, SamplingParams, SpecConfig
     with Engine.load(ModelSpec("target.gguf"), ModelSpec("draft.gguf")) as eng:
         print(eng.generate("Hello", sampling=SamplingParams(temperature=0)).text)
+
+Errors meant for people are `EdgespecError` subclasses (edgespec.errors).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-from .config import ConfigError, EdgespecError, ModelSpec, SamplingParams, SpecConfig  # noqa: E402
+from .config import ModelSpec, SamplingParams, SpecConfig  # noqa: E402
+from .errors import (  # noqa: E402
+    BackendError,
+    ConfigError,
+    ContextFullError,
+    EdgespecError,
+    EngineClosedError,
+    ModelFileError,
+    QueueFullError,
+    TemplateError,
+)
+from .stats import GenerationStats  # noqa: E402
+
+_LAZY = {"Engine": "engine", "Result": "engine", "Chunk": "engine", "Generation": "engine", "ChatSession": "chat"}
 
 
 def __getattr__(name: str):  # lazy: importing edgespec must not load llama.cpp
-    if name in ("Engine", "Result", "Chunk", "Generation"):
-        from . import engine
+    if name in _LAZY:
+        import importlib
 
-        return getattr(engine, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(name)
 
 
-__all__ = ["Engine", "Result", "Chunk", "Generation", "ModelSpec", "SamplingParams", "SpecConfig", "EdgespecError", "ConfigError", "__version__"]
+__all__ = [
+    "Engine",
+    "Result",
+    "Chunk",
+    "Generation",
+    "ChatSession",
+    "ModelSpec",
+    "SamplingParams",
+    "SpecConfig",
+    "GenerationStats",
+    "EdgespecError",
+    "ConfigError",
+    "ModelFileError",
+    "BackendError",
+    "ContextFullError",
+    "EngineClosedError",
+    "QueueFullError",
+    "TemplateError",
+    "__version__",
+]

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import sample
+from .sampling import sample, sample_at
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,27 @@ def accept_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> 
     return Verdict(n_accepted=n, token=int(target_tokens[n]), bonus=n == k)
 
 
+def accept_coupled(draft_tokens: Sequence[int], p: np.ndarray, uniforms: Sequence[float]) -> Verdict:
+    """Verification with common random numbers (seeded generations). uniforms[i] is the uniform fixed for the
+    position of draft token i (the draft sampled its candidate there with the same number). The target's token at
+    position i is x_i = sample_at(p_i, uniforms[i]); the longest prefix with d_i == x_i is kept and the next token is
+    x_n (a bonus when n == k).
+
+    Exact pathwise: every emitted token is x_i, the inverse-CDF sample of p_i at a uniform that nothing before
+    position i depends on, so the output is the plain seeded output token for token. For a deterministic draft the
+    acceptance probability is p_i(d_i), as with accept_sampled; for a sampled draft it is the overlap of the two
+    inverse CDFs at a common u, at most sum min(p, q).
+    """
+    k = len(draft_tokens)
+    if len(p) != k + 1 or len(uniforms) < k + 1:
+        raise ValueError(f"need k+1 = {k + 1} target rows and uniforms, got {len(p)} and {len(uniforms)}")
+    for i in range(k + 1):
+        x = sample_at(np.asarray(p[i]), float(uniforms[i]))
+        if i == k or int(draft_tokens[i]) != x:
+            return Verdict(n_accepted=i, token=x, bonus=i == k)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def expected_acceptance(p_row: np.ndarray, q_row: np.ndarray | None, draft_token: int | None = None) -> float:
     """The probability that one drafted token is accepted: sum_t min(p(t), q(t)) (rows padded with zeros to a
     common length); for a deterministic proposal (q_row None) it is p(draft_token)."""
@@ -134,4 +155,4 @@ def expected_acceptance(p_row: np.ndarray, q_row: np.ndarray | None, draft_token
     return float(np.minimum(p_row[:n], q_row[:n]).sum())
 
 
-__all__ = ["Verdict", "accept_greedy", "accept_sampled", "expected_acceptance", "residual"]
+__all__ = ["Verdict", "accept_greedy", "accept_sampled", "accept_coupled", "expected_acceptance", "residual"]

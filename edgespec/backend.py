@@ -1,48 +1,62 @@
 """The only module that imports llama_cpp.
 
-`Model` owns one llama.cpp model + context + batch and the single sequence in its KV cache. Its state is one number,
-`n_past`: how many tokens the cache holds. `decode(tokens, start_pos, rows)` appends tokens at `start_pos`
-(which must equal `n_past`: the cache is never silently out of step) and returns logits only for the requested
-rows; `truncate(n_past)` rolls the cache back. Everything above this module works on token ids and numpy rows.
+`Model` owns one llama.cpp model + context + batch and the single sequence in its KV cache. Its state is the list
+of token ids the cache holds, `cached` (n_past = its length). `decode(tokens, start_pos, rows)` appends tokens at
+`start_pos` (which must equal `n_past`: the cache is never silently out of step) and returns logits only for the
+requested rows; `truncate(n_past)` rolls the cache back; `sync(tokens)` makes the cache hold exactly `tokens`,
+decoding only what it does not hold already.
 
-The file is validated with the `gguf` reader (edgespec.gguf_check) before llama.cpp sees it, and models whose
-cache cannot be truncated (recurrent / hybrid architectures) are refused up front.
+Bookkeeping survives any exception (a Ctrl-C, an error raised by a test after any llama.cpp call): `cached` is
+always a prefix of what llama.cpp holds, never more. Growing, llama.cpp decodes first and `cached` grows after;
+shrinking, `cached` shrinks first and llama.cpp after; and every decode first drops whatever llama.cpp holds past
+`cached` (an interrupted step's leftovers). Whatever lands between a llama.cpp call and the bookkeeping, the next
+call starts from a consistent cache.
+
+`PromptCache` keeps snapshots of a cache's contents (llama_state_seq_get_data) in host memory, so that a
+conversation the engine left for another is restored instead of decoded again (`sync` swaps by content).
+
+The file is validated with edgespec.gguf_check before llama.cpp sees it, and models whose cache cannot be
+truncated (recurrent / hybrid architectures) are refused up front.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import Sequence
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable, Sequence
 
 import numpy as np
 
 from .config import ModelSpec
-from .errors import BackendError, ContextFullError
+from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
 
 import llama_cpp as C  # noqa: E402  (after the pure imports on purpose: this is the one place)
 
-
 _LOG_CB = None
+_INIT_LOCK = threading.Lock()
 
 
 def _init_llama() -> None:
     global _LOG_CB
-    if _LOG_CB is not None:
-        return
-    verbose = os.environ.get("EDGESPEC_VERBOSE", "") not in ("", "0")
+    with _INIT_LOCK:
+        if _LOG_CB is not None:
+            return
+        verbose = os.environ.get("EDGESPEC_VERBOSE", "") not in ("", "0")
 
-    @C.llama_log_callback
-    def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover - C callback
-        if verbose:
-            import sys
+        @C.llama_log_callback
+        def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover - C callback
+            if verbose:
+                import sys
 
-            sys.stderr.write(text.decode("utf-8", "replace"))
+                sys.stderr.write(text.decode("utf-8", "replace"))
 
-    _LOG_CB = _log  # keep a reference: llama.cpp holds the pointer
-    C.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
-    C.llama_backend_init()
+        _LOG_CB = _log  # keep a reference: llama.cpp holds the pointer
+        C.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+        C.llama_backend_init()
 
 
 def default_threads() -> int:
@@ -57,21 +71,30 @@ def gpu_offload_supported() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
-class Model:
-    """One GGUF model loaded in llama.cpp with a single-sequence KV cache."""
+def _bad_row(r: int, n: int) -> int:
+    raise BackendError(f"logits row {r} is outside the {n} tokens decoded")
 
-    def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None) -> None:
+
+class Model:
+    """One GGUF model loaded in llama.cpp with a single-sequence KV cache (see the module docstring).
+
+    Thread use: one thread at a time may compute (decode/truncate/sync/reset: the engine's worker); the vocabulary
+    functions (tokenize, token_bytes, detokenize) may be called from any thread, and `close` waits for them.
+    """
+
+    def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0) -> None:
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()
         self._model = None
         self._ctx = None
         self._batch = None
+        self._vocab_lock = threading.RLock()  # vocabulary calls vs close
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = spec.n_gpu_layers if spec.n_gpu_layers >= 0 else 999
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
-            # Workaround for CPUs that advertise AMX but fault on it with a native build (see README).
+            # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
         self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self._model:
@@ -106,7 +129,8 @@ class Model:
         self.bos = int(C.llama_vocab_bos(self._vocab))
         self.eos = int(C.llama_vocab_eos(self._vocab))
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
-        self.eog_ids = frozenset(i for i in self._special_candidates() if C.llama_vocab_is_eog(self._vocab, i))
+        # every id of the vocabulary through ctypes costs ~0.1 s on a 152k vocabulary: acceptable once per load
+        self.eog_ids = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._vocab, i))
         self._batch = C.llama_batch_init(n_batch, 0, 1)
         # Every slot belongs to sequence 0; set once. Token/pos/logits arrays are numpy views over the C batch.
         for i in range(n_batch):
@@ -116,31 +140,52 @@ class Model:
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._want = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self.cached: list[int] = []  # the token ids the KV cache holds, in order
+        self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
 
+    # ----------------------------------------------------------------- state
     @property
     def n_past(self) -> int:
         return len(self.cached)
 
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
+
+    def _live(self) -> None:
+        if self._ctx is None:
+            raise EngineClosedError(f"{os.path.basename(self.spec.path)}: the model was closed")
+
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading `tokens` the cache already holds (the reusable prefix)."""
-        n = 0
-        for a, b in zip(self.cached, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        return _common_prefix(self.cached, tokens)
 
-    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
-        """Make the cache hold exactly `tokens`, decoding only what is not cached already (common-prefix reuse),
-        and return logits for `rows` of the newly decoded part. At least the last token is always decoded when
-        rows are wanted, so its logits are fresh."""
+    def sync(
+        self,
+        tokens: Sequence[int],
+        rows: Sequence[int] = (-1,),
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> np.ndarray:
+        """Make the cache hold exactly `tokens`, decoding only what it does not hold already (common-prefix reuse,
+        or a snapshot from the prompt cache when one shares more), and return logits for `rows` of the newly
+        decoded part. At least the last token is always decoded when rows are wanted, so its logits are fresh.
+
+        should_stop() is asked between chunks of n_batch tokens (StopRequested when it says yes; the cache then
+        holds the chunks decoded so far); progress(done, total) is called after each chunk."""
+        self._live()
+        tokens = list(tokens)
         keep = self.common_prefix(tokens)
+        if self.prompt_cache is not None and (keep < self.n_past or len(tokens) - keep >= PromptCache.MIN_TOKENS):
+            keep = self.prompt_cache.swap(self, tokens, keep)
         if rows and keep == len(tokens):
             keep -= 1
         self.truncate(keep)
-        return self.decode(list(tokens[keep:]), keep, rows) if len(tokens) > keep else np.empty((0, self.n_vocab), np.float32)
+        if len(tokens) == keep:
+            return np.empty((0, self.n_vocab), np.float32)
+        return self._decode(tokens[keep:], keep, rows, should_stop, progress)
 
     # ----------------------------------------------------------------- facts
     @property
@@ -149,32 +194,28 @@ class Model:
 
     @property
     def chat_template(self) -> str | None:
-        ptr = C.llama_model_chat_template(self._model, None)
-        return ptr.decode("utf-8") if ptr else None
-
-    def describe(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        C.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode("utf-8", "replace")
-
-    def _special_candidates(self) -> Sequence[int]:
-        # Specials (control/user-defined tokens) sit at the ends of real vocabularies; checking every id of a
-        # 152k vocabulary through ctypes costs ~0.1 s, which is acceptable once per load.
-        return range(self.n_vocab)
+        with self._vocab_lock:
+            self._live()
+            ptr = C.llama_model_chat_template(self._model, None)
+            return ptr.decode("utf-8", "replace") if ptr else None
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog_ids
 
     # ----------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        n_max = len(data) + 16
-        buf = (C.llama_token * n_max)()
-        n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
+        """Token ids for `text`. parse_special: control-token text (e.g. "<|im_end|>") becomes the control token;
+        without it such text is tokenized as plain characters."""
+        data = text.encode("utf-8", "replace")  # a lone surrogate (undecodable input) becomes "?"
+        with self._vocab_lock:
+            self._live()
+            n_max = len(data) + 16
             buf = (C.llama_token * n_max)()
             n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+            if n < 0:
+                n_max = -n
+                buf = (C.llama_token * n_max)()
+                n = C.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
         if n < 0:
             raise BackendError("tokenization failed")
         return list(buf[:n])
@@ -186,11 +227,13 @@ class Model:
         hit = self._pieces.get(key)
         if hit is not None:
             return hit
-        buf = ctypes.create_string_buffer(64)
-        n = C.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
+        with self._vocab_lock:
+            self._live()
+            buf = ctypes.create_string_buffer(64)
             n = C.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self._vocab, int(token), buf, len(buf), 0, special)
         self._pieces[key] = out = buf.raw[:n]
         return out
 
@@ -202,9 +245,20 @@ class Model:
         """Append `tokens` at positions start_pos.. and return float32 logits for the requested `rows` (indices into
         `tokens`, negative allowed), shape (len(rows), n_vocab). llama.cpp computes output only for those rows.
         `start_pos` must equal `n_past` (call `truncate` first to rewrite history)."""
-        n = len(tokens)
+        self._live()
         if start_pos != self.n_past:
             raise BackendError(f"decode at position {start_pos} but the cache holds {self.n_past} tokens")
+        return self._decode(list(tokens), start_pos, rows, None, None)
+
+    def _decode(
+        self,
+        tokens: list[int],
+        start_pos: int,
+        rows: Sequence[int],
+        should_stop: Callable[[], bool] | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> np.ndarray:
+        n = len(tokens)
         if n == 0:
             if rows:
                 raise BackendError("no tokens to decode")
@@ -214,10 +268,14 @@ class Model:
         want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in rows})
         order = {r: i for i, r in enumerate(want)}
         out = np.empty((len(want), self.n_vocab), dtype=np.float32)
-        toks = np.asarray(tokens, dtype=np.int32)
+        toks = np.asarray(tokens, dtype=np.int64)
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
+        # whatever llama.cpp holds past `cached` (an interrupted step's leftovers) goes first
+        C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
         for c0 in range(0, n, self.n_batch):
+            if should_stop is not None and c0 > 0 and should_stop():
+                raise StopRequested()
             c1 = min(n, c0 + self.n_batch)
             m = c1 - c0
             self._tok[:m] = toks[c0:c1]
@@ -229,43 +287,75 @@ class Model:
             self._batch.n_tokens = m
             rc = C.llama_decode(self._ctx, self._batch)
             if rc != 0:
-                # Leave the cache consistent: drop whatever part of this call may have been stored.
-                C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+                C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)  # drop whatever part of this call was stored
                 raise BackendError(f"llama_decode failed with code {rc}")
-            self.cached.extend(int(t) for t in toks[c0:c1])
-            self.n_decoded += m
             for r in chunk_rows:
                 ptr = C.llama_get_logits_ith(self._ctx, r - c0)
                 out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            self.cached += tokens[c0:c1]  # one list operation: the bookkeeping is never half done
+            self.n_decoded += m
+            if progress is not None:
+                progress(c1, n)
+        if not np.isfinite(out.max(axis=1)).all():  # NaN propagates into the max; +inf is the max; all -inf too
+            raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
         if list(rows) == want:
             return out
         return out[[order[r % n] for r in rows]]
 
     def truncate(self, n_past: int) -> None:
         """Forget every cached token at position >= n_past."""
+        self._live()
         if n_past < 0 or n_past > self.n_past:
             raise BackendError(f"cannot truncate to {n_past}: the cache holds {self.n_past} tokens")
         if n_past == self.n_past:
             return
+        del self.cached[n_past:]  # first: llama.cpp may hold more than `cached`, never less
         if not C.llama_memory_seq_rm(self._mem, 0, n_past, -1):
             raise BackendError(f"llama.cpp could not truncate the cache to {n_past} tokens")
-        del self.cached[n_past:]
 
     def reset(self) -> None:
+        """Empty the cache (the prompt cache's snapshots stay)."""
+        self._live()
+        self.cached = []
         C.llama_memory_clear(self._mem, True)
-        self.cached.clear()
+
+    # ----------------------------------------------------------------- snapshots
+    def save_state(self) -> bytes:
+        """The cache's contents (sequence 0) as bytes; restore with load_state(self.cached copy, data)."""
+        self._live()
+        size = int(C.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(C.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        if got <= 0:
+            raise BackendError("llama.cpp could not save the cache state")
+        return bytes(memoryview(buf)[:got])
+
+    def load_state(self, tokens: Sequence[int], data: bytes) -> bool:
+        """Make the cache hold `tokens` from a snapshot saved by save_state (False if llama.cpp refused it; the
+        cache is then empty)."""
+        self._live()
+        self.cached = []  # first: llama.cpp clears the sequence before it reads the snapshot
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(C.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) <= 0:
+            C.llama_memory_seq_rm(self._mem, 0, 0, -1)
+            return False
+        self.cached = list(tokens)
+        return True
 
     # ----------------------------------------------------------------- lifetime
     def close(self) -> None:
-        if self._batch is not None:
-            C.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            C.llama_free(self._ctx)
-            self._ctx = None
-        if self._model is not None:
-            C.llama_model_free(self._model)
-            self._model = None
+        with self._vocab_lock:
+            if self._batch is not None:
+                C.llama_batch_free(self._batch)
+                self._batch = None
+            if self._ctx is not None:
+                C.llama_free(self._ctx)
+                self._ctx = None
+            if self._model is not None:
+                C.llama_model_free(self._model)
+                self._model = None
+            if self.__dict__.get("prompt_cache") is not None:
+                self.prompt_cache.clear()
 
     def __enter__(self) -> "Model":
         return self
@@ -280,5 +370,104 @@ class Model:
             pass
 
 
-def _bad_row(r: int, n: int) -> int:
-    raise BackendError(f"logits row {r} is outside the {n} tokens decoded")
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # the first difference lies in [lo, hi)
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if list(a[lo:mid]) == list(b[lo:mid]):
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+class PromptCache:
+    """Snapshots of one model's cache in host memory, found by content, evicted least-recently-used beyond
+    `max_bytes`.
+
+    `swap(model, tokens, keep)` is asked before `sync` rewrites the cache for `tokens` when only the first `keep`
+    tokens can be reused: when that would throw away at least MIN_TOKENS cached tokens, the current contents are
+    saved first; when a snapshot shares at least MIN_TOKENS more with `tokens` than the cache does, it is
+    restored. So two conversations that alternate on one engine each decode only their new tokens.
+    """
+
+    MIN_TOKENS = 32
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = int(max_bytes)
+        self._entries: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self._next = 0
+        self.bytes = 0
+        self.saves = self.restores = self.evictions = 0
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.bytes = 0
+
+    def swap(self, model: Model, tokens: list[int], keep: int) -> int:
+        t0 = time.perf_counter()
+        try:
+            best_key, best = None, keep
+            for key, (toks, _) in self._entries.items():
+                n = _common_prefix(toks, tokens)
+                if n > best:
+                    best_key, best = key, n
+            restore = best_key is not None and best >= keep + self.MIN_TOKENS
+            if model.n_past - keep >= self.MIN_TOKENS:  # the rewrite would throw these away: keep a copy
+                self._save(model)
+            if not restore:
+                return keep
+            toks, data = self._entries[best_key]
+            self._entries.move_to_end(best_key)
+            if not model.load_state(toks, data):
+                self._drop(best_key)
+                return 0
+            self.restores += 1
+            return best
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _save(self, model: Model) -> None:
+        toks = list(model.cached)
+        for key, (old, _) in list(self._entries.items()):
+            if _common_prefix(old, toks) == len(toks):  # already saved (or saved longer)
+                self._entries.move_to_end(key)
+                return
+            if _common_prefix(old, toks) == len(old):  # an older, shorter state of the same conversation
+                self._drop(key)
+        data = model.save_state()
+        if len(data) > self.max_bytes:
+            return
+        self._entries[self._next] = (toks, data)
+        self._next += 1
+        self.bytes += len(data)
+        self.saves += 1
+        while self.bytes > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+            self.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        _, data = self._entries.pop(key)
+        self.bytes -= len(data)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "entries": len(self._entries),
+            "bytes": self.bytes,
+            "saves": self.saves,
+            "restores": self.restores,
+            "evictions": self.evictions,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+__all__ = ["Model", "PromptCache", "default_threads", "gpu_offload_supported"]

@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .config import EdgespecError, SamplingParams
+from .config import SamplingParams
+from .errors import EdgespecError
+from .stats import Totals
 
 SUITES_FILE = Path(__file__).with_name("bench_suites.json")
 
@@ -115,103 +117,86 @@ def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None =
 
 
 # --------------------------------------------------------------------------------------------- running
+def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
+    """(In the engine's thread.) Empty both caches and their snapshots; with warm_draft, let the draft model
+    process the prompt first (timed apart). Returns those seconds."""
+    for m in (engine.target, engine.draft):
+        if m is not None:
+            m.reset()
+            if m.prompt_cache is not None:
+                m.prompt_cache.clear()
+    if not warm_draft or engine.draft is None or len(ctx) < 2:
+        return 0.0
+    t0 = time.perf_counter()
+    engine.draft.sync(ctx[:-1], rows=())
+    return time.perf_counter() - t0
+
+
 def _run_one(engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool) -> dict[str, Any]:
-    """One generation from an empty target cache; returns the stats and what the summary needs."""
-    engine.target.reset()
-    draft_prefill = 0.0
-    if engine.draft is not None:
-        engine.draft.reset()
-        if speculative and not cold_draft and engine.model_draft_pays and len(ctx) > 1:
-            t0 = time.perf_counter()
-            engine.draft.sync(ctx[:-1], rows=())
-            draft_prefill = time.perf_counter() - t0
-    engine.last_controller_stats = {}
+    """One generation from an empty target cache: its stats (with the draft's prompt processing, when it was done
+    apart, in timings.prefill), token ids and text."""
+    warm = speculative and not cold_draft and engine.model_draft_pays
+    draft_prefill = engine.submit(lambda e: _prepare(e, ctx, warm)).result()
     r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative)
-    s = r.stats
-    d = s.as_dict()
+    r.stats.timings.prefill += draft_prefill
+    d = r.stats.as_dict()
     d["seconds"]["draft_prefill"] = round(draft_prefill, 4)
-    d["decode_seconds"] = round(s.decode_seconds, 4)
-    d["accepted_by_pos"] = list(s.accepted_by_pos)
-    d["token_ids"] = list(r.token_ids)
-    if speculative and engine.last_controller_stats:
-        d["controller"] = engine.last_controller_stats
+    if not speculative:
+        d.pop("controller", None)
+    return {"stats": d, "record": r.stats, "token_ids": list(r.token_ids), "text": r.text}
+
+
+def _side(runs: Sequence[Mapping[str, Any]]) -> Totals:
+    tot = Totals()
+    for r in runs:
+        tot.add(r["record"])
+    return tot
+
+
+def _side_summary(t: Totals, spec: bool) -> dict[str, Any]:
+    dec = t.decode_seconds or 1e-12
+    split = {"target": round(t.timings.target / dec, 4), "overhead": round(max(0.0, dec - t.timings.target - t.timings.draft) / dec, 4)}
+    if spec:
+        split["draft"] = round(t.timings.draft / dec, 4)
     return {
-        "stats": d,
-        "token_ids": list(r.token_ids),
-        "text": r.text,
-        # unrounded raw numbers for summing
-        "_raw": {
-            "tokens": s.n_generated,
-            "decode_s": s.decode_seconds,
-            "draft_s": s.timings.draft,
-            "target_s": s.timings.target,
-            "overhead_s": s.timings.overhead,
-            "prefill_s": s.timings.prefill + draft_prefill,
-            "cycles": s.n_cycles,
-            "spec_cycles": s.n_spec_cycles,
-            "drafted": s.n_drafted,
-            "accepted": s.n_accepted,
-            "drafted_by_pos": list(s.drafted_by_pos),
-            "accepted_by_pos": list(s.accepted_by_pos),
-            "sources": dict(s.source_counts),
-        },
+        "tokens": t.n_generated,
+        "decode_seconds": round(t.decode_seconds, 4),
+        "tokens_per_second": round(t.tokens_per_second, 3),
+        "prefill_seconds": round(t.timings.prefill, 4),
+        "time_split": split,
     }
-
-
-def _merge_raw(raws: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {k: 0 for k in ("tokens", "decode_s", "draft_s", "target_s", "overhead_s", "prefill_s", "cycles", "spec_cycles", "drafted", "accepted")}
-    out["drafted_by_pos"], out["accepted_by_pos"], out["sources"] = [], [], {}
-    for r in raws:
-        for k in ("tokens", "decode_s", "draft_s", "target_s", "overhead_s", "prefill_s", "cycles", "spec_cycles", "drafted", "accepted"):
-            out[k] += r[k]
-        for name in ("drafted_by_pos", "accepted_by_pos"):
-            acc = out[name]
-            for i, v in enumerate(r[name]):
-                if i >= len(acc):
-                    acc.append(0)
-                acc[i] += v
-        for src, n in r["sources"].items():
-            out["sources"][src] = out["sources"].get(src, 0) + n
-    return out
-
-
-def _rate(raw: Mapping[str, Any]) -> float:
-    return raw["tokens"] / raw["decode_s"] if raw["decode_s"] > 0 and raw["tokens"] else 0.0
 
 
 def _summary(records: Sequence[Mapping[str, Any]], greedy: bool) -> dict[str, Any]:
     """Aggregate of prompt records: rates from summed tokens and decode seconds per side."""
-    plain = _merge_raw([r["_raw"]["plain"] for r in records])
-    spec = _merge_raw([r["_raw"]["spec"] for r in records])
-    p_rate, s_rate = _rate(plain), _rate(spec)
+    plain, spec = Totals(), Totals()
+    for r in records:
+        for run in r["_runs"]["plain"]:
+            plain.add(run["record"])
+        for run in r["_runs"]["spec"]:
+            spec.add(run["record"])
+    p_rate, s_rate = plain.tokens_per_second, spec.tokens_per_second
     speedups = [r["speedup"] for r in records if r["speedup"] > 0]
-    dec = spec["decode_s"] or 1e-12
-    pdec = plain["decode_s"] or 1e-12
-    out: dict[str, Any] = {
+    return {
         "n_prompts": len(records),
-        "plain": {"tokens": plain["tokens"], "decode_seconds": round(plain["decode_s"], 4), "tokens_per_second": round(p_rate, 3),
-                  "prefill_seconds": round(plain["prefill_s"], 4),
-                  "time_split": {"target": round(plain["target_s"] / pdec, 4), "overhead": round(plain["overhead_s"] / pdec, 4)}},
-        "spec": {"tokens": spec["tokens"], "decode_seconds": round(spec["decode_s"], 4), "tokens_per_second": round(s_rate, 3),
-                 "prefill_seconds": round(spec["prefill_s"], 4),
-                 "time_split": {"draft": round(spec["draft_s"] / dec, 4), "target": round(spec["target_s"] / dec, 4), "overhead": round(spec["overhead_s"] / dec, 4)}},
+        "plain": _side_summary(plain, False),
+        "spec": _side_summary(spec, True),
         "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else None,
         "speedup_geomean": round(math.exp(sum(math.log(x) for x in speedups) / len(speedups)), 4) if speedups else None,
         "speedup_min": round(min(speedups), 4) if speedups else None,
         "speedup_max": round(max(speedups), 4) if speedups else None,
-        "cycles": spec["cycles"],
-        "spec_cycles": spec["spec_cycles"],
-        "drafted": spec["drafted"],
-        "accepted": spec["accepted"],
-        "mu": round(spec["accepted"] / spec["spec_cycles"], 4) if spec["spec_cycles"] else 0.0,
-        "tokens_per_cycle": round(spec["tokens"] / spec["cycles"], 4) if spec["cycles"] else 0.0,
-        "acceptance": round(spec["accepted"] / spec["drafted"], 4) if spec["drafted"] else None,
-        "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(spec["accepted_by_pos"], spec["drafted_by_pos"])],
-        "drafted_by_pos": spec["drafted_by_pos"],
-        "sources": dict(sorted(spec["sources"].items())),
+        "cycles": spec.n_cycles,
+        "spec_cycles": spec.n_spec_cycles,
+        "drafted": spec.n_drafted,
+        "accepted": spec.n_accepted,
+        "mu": round(spec.mu, 4),
+        "tokens_per_cycle": round(spec.tokens_per_cycle, 4),
+        "acceptance": round(spec.acceptance, 4) if spec.n_drafted else None,
+        "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(spec.accepted_by_pos, spec.drafted_by_pos)],
+        "drafted_by_pos": list(spec.drafted_by_pos),
+        "sources": dict(sorted(spec.source_counts.items())),
         "identical": sum(1 for r in records if r["identical"]) if greedy else None,
     }
-    return out
 
 
 def run_bench(
@@ -226,7 +211,7 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run every entry of every suite plain and speculative (interleaved, alternating which goes first) and
-    return the report: {"settings", "prompts": [...], "suites": {name: summary}, "overall": summary}."""
+    return the report: {"settings", "models", "costs", "prompts": [...], "suites": {name: summary}, "overall"}."""
     if repeats < 1:
         raise BenchError(f"repeats must be at least 1, got {repeats}")
     say = progress or (lambda s: None)
@@ -246,6 +231,7 @@ def run_bench(
         ctx = prepared[0][3]
         for spec_side in (False, True):
             _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
+    costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_pays}
     records: list[dict[str, Any]] = []
     pair_no = 0
     for n, (suite, i, entry, ctx) in enumerate(prepared):
@@ -256,9 +242,7 @@ def run_bench(
             pair_no += 1
             for side in order:
                 runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
-        raw_p = _merge_raw([r["_raw"] for r in runs["plain"]])
-        raw_s = _merge_raw([r["_raw"] for r in runs["spec"]])
-        p_rate, s_rate = _rate(raw_p), _rate(raw_s)
+        p_rate, s_rate = _side(runs["plain"]).tokens_per_second, _side(runs["spec"]).tokens_per_second
         identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
         rec = {
             "suite": suite,
@@ -274,7 +258,7 @@ def run_bench(
             "spec": [r["stats"] for r in runs["spec"]],
             "plain_text": runs["plain"][0]["text"],
             "spec_text": runs["spec"][0]["text"],
-            "_raw": {"plain": raw_p, "spec": raw_s},
+            "_runs": runs,
         }
         records.append(rec)
         say(
@@ -284,7 +268,7 @@ def run_bench(
     by_suite: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_suite.setdefault(r["suite"], []).append(r)
-    report = {
+    return {
         "settings": {
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,
@@ -297,11 +281,11 @@ def run_bench(
             "warmup": warmup,
         },
         "models": _describe_engine(engine),
+        "costs": {"calibration": costs_before, "verify_after": engine.curve.points, "draft_after": engine.draft_cost},
         "prompts": records,
         "suites": {name: _summary(rs, greedy) for name, rs in by_suite.items()},
         "overall": _summary(records, greedy) if records else None,
     }
-    return report
 
 
 def _with_seed(s: SamplingParams, seed: int) -> SamplingParams:
@@ -327,7 +311,7 @@ def _describe_engine(engine: Any) -> dict[str, Any]:
 def public_report(report: Mapping[str, Any]) -> dict[str, Any]:
     """The report without internal raw sums (what --json prints)."""
     out = dict(report)
-    out["prompts"] = [{k: v for k, v in r.items() if k != "_raw"} for r in report["prompts"]]
+    out["prompts"] = [{k: v for k, v in r.items() if k != "_runs"} for r in report["prompts"]]
     return out
 
 
@@ -352,6 +336,21 @@ def _sources(src: Mapping[str, int]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(src.items())) or "-"
 
 
+def _costs_line(costs: Mapping[str, Any] | None) -> str:
+    """The costs the controller planned with: where they came from, the verify curve (ms and x one token)."""
+    if not costs:
+        return "costs: -"
+    c = costs["calibration"]
+    v = {int(n): s for n, s in c["verify"].items()}
+    one = v.get(1) or min(v.values())
+    curve = " ".join(f"{n}:{v[n] / one:.2f}" for n in sorted(v) if n in (2, 4, 8, 9, 16, 17))
+    draft = f"draft {1000 * c['draft']:.1f} ms/token, " if c["draft"] else ""
+    return (
+        f"costs ({c['source']}): 1 token {1000 * one:.1f} ms, verify x one token {curve}; {draft}"
+        f"draft model {'used' if c.get('draft_model_used') else 'not used (cannot pay here)'}"
+    )
+
+
 def format_report(report: Mapping[str, Any], per_prompt: bool = True) -> str:
     """The human-readable tables (per prompt, per suite + overall, acceptance by draft position)."""
     greedy = report["settings"]["temperature"] == 0
@@ -362,6 +361,7 @@ def format_report(report: Mapping[str, Any], per_prompt: bool = True) -> str:
         f"temperature {report['settings']['temperature']}  max_tokens {report['settings']['max_tokens']}  "
         f"repeats {report['settings']['repeats']}  seed {report['settings']['seed']}"
         + ("  (cold draft: draft prompt processing counted in decode)" if report["settings"]["cold_draft"] else ""),
+        _costs_line(report.get("costs")),
         "",
     ]
     if per_prompt:

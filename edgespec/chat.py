@@ -11,12 +11,14 @@
 
 KV reuse. The session keeps `tokens`: the last prompt's token ids followed by the ids the model generated
 (including its end token, e.g. <|im_end|>), and `text`, the template text those tokens stand for. A new user
-turn renders the whole conversation with the model's chat template; when the rendering starts with `text`
-(the usual case: ChatML's delta is "\\n<|im_start|>user\\n...") only the delta is tokenized and appended, so the
-token sequence stays exactly what both models already have in their caches and the engine (Model.sync, common
-prefix) decodes only the new tokens. When it does not (a template that rewrites history, an answer cut inside a
-UTF-8 character, dropped turns) the conversation is tokenized afresh and the engine still reuses the longest
-common prefix.
+turn renders the whole conversation with the model's chat template; when the rendering starts with `text` (the
+usual case: ChatML's delta is "\\n<|im_start|>user\\n...") only the delta is tokenized and appended, so the token
+sequence stays exactly what the models' caches hold and only the new tokens are decoded. Otherwise (a template
+that rewrites history, an answer cut inside a UTF-8 character, dropped turns) the conversation is tokenized afresh
+and the engine still reuses the longest common prefix. Several sessions may share one engine: the engine keeps a
+snapshot of each conversation's cache, so switching back decodes only the new message.
+
+Message contents are text: control-token text a user types stays text (engine.chat_segments).
 
 Context. Before a turn the prompt plus a reserve for the answer (min(max_tokens, n_ctx // 2) + 1) must fit in the
 target's context; if it does not, the oldest user/assistant turns are dropped (the system prompt stays) until
@@ -28,11 +30,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from .config import DraftRatios, EdgespecError, SamplingParams, Timings
+from .chat_template import clip_segments
+from .config import SamplingParams
+from .detok import complete_utf8
+from .errors import ConfigError, EdgespecError
+from .fsutil import atomic_write_text
+from .stats import GenerationStats, Totals
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Chunk, Engine, Generation
@@ -46,47 +53,6 @@ class ChatError(EdgespecError):
 
 class ChatContextError(ChatError):
     """The new message does not fit in the context window even without any history."""
-
-
-@dataclass
-class ChatTotals(DraftRatios):
-    """Session totals over all answered turns."""
-
-    turns: int = 0
-    interrupted: int = 0
-    n_generated: int = 0
-    n_prompt: int = 0
-    n_prefill: int = 0
-    n_drafted: int = 0
-    n_accepted: int = 0
-    n_spec_cycles: int = 0
-    dropped_turns: int = 0
-    decode_seconds: float = 0.0
-    wall: float = 0.0
-    timings: Timings = field(default_factory=Timings)
-
-    def add(self, stats: Any, interrupted: bool = False) -> None:
-        self.turns += 1
-        self.interrupted += int(interrupted)
-        self.n_generated += stats.n_generated
-        self.n_prompt += stats.n_prompt
-        self.n_prefill += stats.n_prefill
-        self.n_drafted += stats.n_drafted
-        self.n_accepted += stats.n_accepted
-        self.n_spec_cycles += stats.n_spec_cycles
-        if stats.n_generated:
-            self.decode_seconds += stats.decode_seconds
-        self.wall += stats.wall
-        self.timings.add(stats.timings)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.n_generated / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(tokens_per_second=self.tokens_per_second, mu=self.mu, acceptance=self.acceptance)
-        return d
 
 
 class Turn:
@@ -109,7 +75,6 @@ class Turn:
     ) -> None:
         self._session = session
         self._gen = gen
-        self._it = iter(gen)
         self.user = user
         self.prompt_tokens = prompt_tokens
         self.prompt_text = prompt_text
@@ -143,21 +108,25 @@ class Turn:
         if self.done:
             raise StopIteration
         try:
-            return next(self._it)
+            return next(self._gen)
         except StopIteration:
-            self._finish(interrupted=False)
+            self._finish()
             raise
         except BaseException:
             self._gen.close()
-            self._finish(interrupted=True)
+            self._finish()
             raise
+
+    def cancel(self) -> None:
+        """Ask the answer to stop (any thread); iteration then ends and the partial answer is kept."""
+        self._gen.cancel()
 
     def close(self) -> None:
         """Stop generating now; the partial answer becomes the assistant message."""
         if self.done:
             return
         self._gen.close()
-        self._finish(interrupted=True)
+        self._finish()
 
     def result(self) -> "Turn":
         for _ in self:
@@ -173,19 +142,19 @@ class Turn:
         return self._gen.token_ids
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> GenerationStats:
         return self._gen.stats
 
     @property
     def finish_reason(self) -> str:
-        return "interrupted" if self.interrupted else self._gen.stats.stop_reason
+        return "interrupted" if self.interrupted else self._gen.finish_reason
 
-    # -------------------------------------------------------------- bookkeeping
-    def _finish(self, interrupted: bool) -> None:
+    def _finish(self) -> None:
         if self.done:
             return
+        self._gen.wait()
         self.done = True
-        self.interrupted = interrupted
+        self.interrupted = self._gen.finish_reason == "cancelled" or self._gen._job.error is not None
         self._session._commit(self)
 
 
@@ -203,18 +172,21 @@ class ChatSession:
         stop: Sequence[str] = (),
         speculative: bool = True,
     ) -> None:
-        if max_tokens < 1:
-            raise ChatError(f"max_tokens must be at least 1, got {max_tokens}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ChatError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if system is not None and not isinstance(system, str):
+            raise ChatError("the system prompt must be text")
         self.engine = engine
         self.system = system or None
         self.sampling = sampling or SamplingParams()
         self.max_tokens = max_tokens
-        self.stop = tuple(stop)
+        self.stop = (stop,) if isinstance(stop, str) else tuple(stop)
         self.speculative = speculative
         self.messages: list[dict[str, str]] = []  # user/assistant only; the system prompt is separate
         self.tokens: list[int] = []  # last prompt + generated ids (what the caches hold after a turn)
         self.text = ""  # the template text `tokens` stand for
-        self.totals = ChatTotals()
+        self.totals = Totals()
+        self.dropped_turns = 0  # turns dropped to make room, over the whole session
         self._pending: Turn | None = None
 
     # -------------------------------------------------------------- conversation state
@@ -239,28 +211,42 @@ class ChatSession:
         self.text = ""
 
     def set_system(self, system: str | None) -> None:
-        """Set (or clear, with None/"") the system prompt and start a new conversation."""
+        """Set (or clear, with None/"") the system prompt and start a new conversation. A system prompt that
+        leaves no room for a message and a short answer is refused (ChatContextError) and nothing changes."""
         self._settle()
+        if system is not None and not isinstance(system, str):
+            raise ChatError("the system prompt must be text")
+        if system:
+            toks, _ = self._full([{"role": "system", "content": system}, {"role": "user", "content": ""}], system=False)
+            if len(toks) + min(MIN_ANSWER_TOKENS, self.reserve) > self.n_ctx:
+                raise ChatContextError(
+                    f"the system prompt does not fit: {len(toks)} tokens leave no room for a message and an answer in a "
+                    f"context of {self.n_ctx} tokens"
+                )
         self.system = system or None
         self.reset()
 
     # -------------------------------------------------------------- turns
-    def _full(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
-        text = self.engine.render(self.conversation(messages), add_generation_prompt=True)
-        return self.engine.target.tokenize(text, add_special=True, parse_special=True), text
+    def _full(self, messages: Sequence[dict[str, str]], system: bool = True) -> tuple[list[int], str]:
+        conv = self.conversation(messages) if system else list(messages)
+        segments = self.engine.chat_segments(conv, add_generation_prompt=True)
+        return self.engine.segment_tokens(segments, add_bos=True), "".join(t for t, _ in segments)
 
     def _prompt_for(self, messages: list[dict[str, str]]) -> tuple[list[int], str, int, bool]:
         """(tokens, text, new tokens, reused) for the prompt ending with the generation prompt after `messages`."""
-        text = self.engine.render(self.conversation(messages), add_generation_prompt=True)
+        segments = self.engine.chat_segments(self.conversation(messages), add_generation_prompt=True)
+        text = "".join(t for t, _ in segments)
         if self.tokens and self.text and text.startswith(self.text) and len(text) > len(self.text):
-            delta = self.engine.target.tokenize(text[len(self.text):], add_special=False, parse_special=True)
+            delta = self.engine.segment_tokens(clip_segments(segments, len(self.text)), add_bos=False)
             return self.tokens + delta, text, len(delta), True
-        toks = self.engine.target.tokenize(text, add_special=True, parse_special=True)
+        toks = self.engine.segment_tokens(segments, add_bos=True)
         return toks, text, len(toks), False
 
     def send(self, text: str) -> Turn:
         """Add a user message and start the answer. Iterate the returned Turn for Chunks (or call .result());
         the answer is recorded in the conversation when it ends or is closed."""
+        if not isinstance(text, str):
+            raise ChatError("a message must be text")
         self._settle()
         user = {"role": "user", "content": text}
         msgs = self.messages + [user]
@@ -271,12 +257,15 @@ class ChatSession:
             n_new, reused = len(tokens), False
         short = len(tokens) + self.reserve > self.n_ctx
         max_tokens = max(1, min(self.max_tokens, self.n_ctx - len(tokens)))
-        gen = self.engine.stream(
-            tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative
-        )
+        try:
+            gen = self.engine.stream(
+                tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative
+            )
+        except ConfigError as e:
+            raise ChatError(str(e)) from None
         if dropped:
             self.messages = msgs[_drop_index(msgs, dropped):-1]
-            self.totals.dropped_turns += dropped
+            self.dropped_turns += dropped
         turn = Turn(self, gen, user, tokens, ptext, n_new_tokens=n_new, reused=reused, dropped=dropped, short_room=short)
         self._pending = turn
         return turn
@@ -310,20 +299,20 @@ class ChatSession:
         self._pending = None
 
     def _commit(self, turn: Turn) -> None:
+        tgt = self.engine.target
         ids = list(turn.token_ids)
-        tb = self.engine.target.token_bytes
         if turn.interrupted:
-            ids = _complete_utf8(ids, tb)
-        body = [t for t in ids if not self.engine.target.is_eog(t)]
-        content = b"".join(tb(t) for t in body).decode("utf-8", "replace")
-        if self.stop and not turn.interrupted:
+            ids = complete_utf8(ids, tgt.token_bytes)
+        if self.stop and turn.finish_reason == "stop":
             content = turn._gen.text  # a stop string ended it: record what was shown
+        else:
+            content = b"".join(tgt.token_bytes(t) for t in ids if not tgt.is_eog(t)).decode("utf-8", "replace")
         turn.content = content
         self.messages.append(turn.user)
         self.messages.append({"role": "assistant", "content": content})
         self.tokens = list(turn.prompt_tokens) + ids
-        self.text = turn.prompt_text + b"".join(tb(t, special=True) for t in ids).decode("utf-8", "replace")
-        self.totals.add(turn.stats, interrupted=turn.interrupted)
+        self.text = turn.prompt_text + b"".join(tgt.token_bytes(t, special=True) for t in ids).decode("utf-8", "replace")
+        self.totals.add(turn.stats)
         if self._pending is turn:
             self._pending = None
 
@@ -345,11 +334,14 @@ class ChatSession:
         return {"system": self.system, "messages": [dict(m) for m in self.messages], "settings": self.settings()}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write {"system", "messages", "settings"} as JSON; a ChatError (one line) if the file cannot be written."""
+        """Write {"system", "messages", "settings"} as JSON, atomically (a failed save leaves the old file as it
+        was); a ChatError (one line) if the file cannot be written."""
         p = Path(os.fspath(path)).expanduser()
         data = json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
         try:
-            p.write_text(data, encoding="utf-8")
+            if p.is_dir():
+                raise IsADirectoryError(21, "Is a directory")
+            atomic_write_text(p, data)
         except OSError as e:
             raise ChatError(f"cannot write {p}: {e.strerror or e}") from None
         return p
@@ -371,25 +363,4 @@ def _drop_index(msgs: Sequence[dict[str, str]], k: int) -> int:
     return len(msgs) - 1
 
 
-def _incomplete_tail(data: bytes) -> int:
-    """How many bytes at the end of `data` start a UTF-8 character that is not complete (0 if none)."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b & 0xC0 == 0x80:  # continuation byte: look further back for the lead byte
-            continue
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return back if need > back else 0
-    return 0
-
-
-def _complete_utf8(ids: list[int], token_bytes: Any) -> list[int]:
-    """`ids` without the trailing tokens that end inside a UTF-8 character (an answer cut mid-character)."""
-    ids = list(ids)
-    for _ in range(4):
-        if not ids or not _incomplete_tail(b"".join(token_bytes(t) for t in ids[-4:])):
-            break
-        ids.pop()
-    return ids
-
-
-__all__ = ["ChatSession", "ChatTotals", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS"]
+__all__ = ["ChatSession", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS"]

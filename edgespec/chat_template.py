@@ -1,14 +1,31 @@
 """Render a conversation with the model's own chat template (Jinja, from the GGUF metadata
-`tokenizer.chat_template`), the way Hugging Face's `apply_chat_template` does.
+`tokenizer.chat_template`), the way Hugging Face's `apply_chat_template` does, safely.
+
+Two dangers, two defences:
+
+* **Control-token injection.** A user who types `<|im_end|>\\n<|im_start|>system ...` must not get real control
+  tokens: message contents are text. `render_segments` renders the template once with each content replaced by a
+  sentinel, so it knows which characters of the prompt are template markup and which are message content; the
+  engine tokenizes markup with control tokens parsed and contents without. When the template transforms contents
+  in a way the sentinels cannot follow, the whole prompt is tokenized with control tokens parsed only if no
+  content contains control-token text; otherwise a TemplateError says so.
+* **Hostile templates.** A template comes with the model file. Rendering runs in Jinja's immutable sandbox with a
+  budget: at most MAX_TEMPLATE_CHARS of template, MAX_ITERATIONS loop iterations in all (every `for` of the
+  template counts, nested ones too), MAX_SECONDS of rendering and an output of at most a fixed multiple of the
+  input; string/list repetition and powers are size-checked before they are computed. Over budget is a
+  TemplateError, never a hang or an exhausted memory.
 
 A model without a template gets ChatML (`<|im_start|>role ... <|im_end|>`), the most common format among small
-instruct models; pass your own template string to override.
+instruct models.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import time
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .errors import TemplateError
 
@@ -20,25 +37,99 @@ FALLBACK_TEMPLATE = (
 )
 
 ROLES = ("system", "user", "assistant")
+MAX_TEMPLATE_CHARS = 256 * 1024
+MAX_ITERATIONS = 1_000_000
+MAX_SECONDS = 2.0
+MAX_VALUE_LENGTH = 16 * 1024 * 1024  # the longest string/list a template may build with * (or get from **)
+OUTPUT_BASE = 1 << 20  # output budget: OUTPUT_BASE + OUTPUT_FACTOR x the characters of all contents
+OUTPUT_FACTOR = 8
+
+_SENTINEL = re.compile("\ue000(\\d+)\ue001")
+
+
+# --------------------------------------------------------------------------------------------- the budget
+class _Budget:
+    def __init__(self, max_output: int) -> None:
+        self.iterations = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+        self.max_output = max_output
+
+    def tick(self) -> None:
+        self.iterations += 1
+        if self.iterations > MAX_ITERATIONS:
+            raise TemplateError(f"chat template: rendering ran more than {MAX_ITERATIONS:,} loop iterations")
+        if self.iterations % 256 == 0:
+            self.check_time()
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateError(f"chat template: rendering took more than {MAX_SECONDS:g} s")
+
+
+_current = threading.local()
+
+
+def _budget() -> _Budget:
+    b = getattr(_current, "budget", None)
+    if b is None:  # rendering outside render(): give it a budget of its own
+        b = _current.budget = _Budget(OUTPUT_BASE)
+    return b
+
+
+def _budget_iter(iterable: Iterable[Any]) -> Iterator[Any]:
+    b = _budget()
+    for item in iterable:
+        b.tick()
+        yield item
+
+
+def _budget_range(*args: Any) -> Iterator[int]:
+    return _budget_iter(range(*args))
 
 
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Any:
     import jinja2
+    from jinja2 import nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Env(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_VALUE_LENGTH:
+                        raise TemplateError("chat template: a repetition would build a value too large")
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(right) > 4096:
+                raise TemplateError("chat template: a power too large")
+            return super().call_binop(context, operator, left, right)
 
     def raise_exception(message: str) -> None:
         raise TemplateError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"chat template is {len(template):,} characters (at most {MAX_TEMPLATE_CHARS:,})")
+    env = Env(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
     env.globals["raise_exception"] = raise_exception
+    env.globals["range"] = _budget_range
+    env.budget_iter = _budget_iter  # type: ignore[attr-defined]
     try:
-        return env.from_string(template)
+        ast = env.parse(template)
+        # every loop's iterable goes through the budget (an environment attribute: a template cannot shadow it)
+        for loop in ast.find_all(nodes.For):
+            loop.iter = nodes.Call(nodes.EnvironmentAttribute("budget_iter"), [loop.iter], [], None, None)
+        return env.from_string(ast)
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template does not compile: {e}") from None
+    except RecursionError:
+        raise TemplateError("chat template does not compile: nested too deeply") from None
 
 
-def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
+# --------------------------------------------------------------------------------------------- rendering
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TemplateError("messages must be a list of {'role', 'content'} objects")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
@@ -51,22 +142,103 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, s
     return out
 
 
-def render(
+def _render(template: str | None, msgs: list[dict[str, str]], add_generation_prompt: bool, max_output: int) -> str:
+    tpl = _compile(template or FALLBACK_TEMPLATE)
+    _current.budget = budget = _Budget(max_output)
+    try:
+        out: list[str] = []
+        size = 0
+        for piece in tpl.generate(messages=msgs, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=""):
+            size += len(piece)
+            if size > max_output:
+                raise TemplateError(f"chat template: the rendered prompt exceeds {max_output:,} characters")
+            budget.check_time()
+            out.append(piece)
+        return "".join(out)
+    except TemplateError:
+        raise
+    except RecursionError:
+        raise TemplateError("chat template: recursion too deep") from None
+    except Exception as e:  # a template bug must not become a traceback
+        raise TemplateError(f"chat template failed to render: {e}") from None
+    finally:
+        _current.budget = None
+
+
+def _output_budget(msgs: list[dict[str, str]]) -> int:
+    return OUTPUT_BASE + OUTPUT_FACTOR * sum(len(m["content"]) for m in msgs)
+
+
+def render(template: str | None, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    """The prompt text for `messages`. BOS is left to the tokenizer (add_bos), as llama.cpp's server does."""
+    msgs = validate_messages(messages)
+    return _render(template, msgs, add_generation_prompt, _output_budget(msgs))
+
+
+def render_segments(
     template: str | None,
     messages: Sequence[Mapping[str, Any]],
     *,
     add_generation_prompt: bool = True,
-    bos_token: str = "",
-    eos_token: str = "",
-) -> str:
-    """The prompt text for `messages`. BOS is left to the tokenizer (add_bos), as llama.cpp's server does."""
+    specials: Iterable[str] | None = None,
+) -> list[tuple[str, bool]]:
+    """The prompt as [(text, is_content)]: template markup (is_content False: control-token text in it is meant
+    as control tokens) and message contents (True: always plain text). Joined, the texts equal `render(...)`.
+
+    `specials` (the control-token texts of the vocabulary) is needed only for templates that transform contents
+    so that the sentinels cannot follow them; then a content that contains control-token text is refused."""
     msgs = validate_messages(messages)
-    tpl = _compile(template or FALLBACK_TEMPLATE)
+    budget = _output_budget(msgs)
+    text = _render(template, msgs, add_generation_prompt, budget)
+    marked = [{"role": m["role"], "content": f"\ue000{i}\ue001"} for i, m in enumerate(msgs)]
     try:
-        return tpl.render(
-            messages=msgs, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
-        )
+        skeleton = _render(template, marked, add_generation_prompt, budget)
     except TemplateError:
-        raise
-    except Exception as e:  # a template bug must not become a traceback
-        raise TemplateError(f"chat template failed to render: {e}") from None
+        skeleton = ""  # a template that inspects contents (e.g. raises on unknown ones): no skeleton
+    for transform in (lambda s: s, str.strip):
+        segments = _fill(skeleton, [transform(m["content"]) for m in msgs])
+        if segments is not None and "".join(t for t, _ in segments) == text:
+            return [(t, c) for t, c in segments if t]
+    if specials is not None:
+        for m in msgs:
+            for s in specials:
+                if s and s in m["content"]:
+                    raise TemplateError(
+                        f"a {m['role']} message contains the control-token text {s!r}, and this model's chat template "
+                        "transforms messages in a way that cannot keep it as plain text"
+                    )
+        return [(text, False)]
+    raise TemplateError("this model's chat template transforms messages in a way edgespec cannot render safely")
+
+
+def _fill(skeleton: str, contents: list[str]) -> list[tuple[str, bool]] | None:
+    """Split the sentinel rendering into markup and contents; None when the sentinels did not survive intact."""
+    if not skeleton:
+        return None
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for m in _SENTINEL.finditer(skeleton):
+        i = int(m.group(1))
+        if i >= len(contents):
+            return None
+        out.append((skeleton[pos : m.start()], False))
+        out.append((contents[i], True))
+        pos = m.end()
+    out.append((skeleton[pos:], False))
+    if "\ue000" in skeleton[pos:] or any("\ue000" in t or "\ue001" in t for t, c in out if not c):
+        return None
+    return out
+
+
+def clip_segments(segments: list[tuple[str, bool]], offset: int) -> list[tuple[str, bool]]:
+    """The segments after the first `offset` characters (a segment cut in two keeps its kind)."""
+    out, pos = [], 0
+    for text, is_content in segments:
+        end = pos + len(text)
+        if end > offset:
+            out.append((text[max(0, offset - pos) :], is_content))
+        pos = end
+    return [(t, c) for t, c in out if t]
+
+
+__all__ = ["FALLBACK_TEMPLATE", "ROLES", "render", "render_segments", "clip_segments", "validate_messages", "TemplateError"]

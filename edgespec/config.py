@@ -1,15 +1,36 @@
 """Frozen settings shared by every layer: which model to load, how to sample, how to speculate.
 
-Validation happens here, once, so the library and the CLI refuse bad values with the same message.
+Validation happens here, once, so the library, the CLI and the server refuse bad values (out of range, or of the
+wrong type: `max_tokens=2.5`, `temperature="0"`) with the same one-line ConfigError.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import dataclass
-
+from typing import Any
 
 from .errors import ConfigError, EdgespecError
+
+MAX_CTX = 1 << 20  # a context of a million tokens is far past what a laptop holds; larger numbers are mistakes
+MAX_SEED = 2**64 - 1
+
+
+def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        where = f"at least {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"at most {hi}"
+        raise ConfigError(f"{name} must be {where}, got {v}")
+    return int(v)
+
+
+def _real(name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+        raise ConfigError(f"{name} must be a finite number, got {v!r}")
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -17,9 +38,10 @@ class ModelSpec:
     """How to load one GGUF model.
 
     n_gpu_layers: layers offloaded to the GPU (-1 = all, 0 = CPU only). Ignored by CPU-only builds.
-    n_threads: CPU threads for single-token decode (None = all physical cores llama.cpp sees).
+    n_threads: CPU threads (None = all cores this process may use).
     n_ctx: context window in tokens (prompt + output).
-    n_batch: largest number of tokens per llama_decode call (prefill is split into chunks of this size).
+    n_batch: largest number of tokens per llama_decode call (prefill is split into chunks of this size; a
+        cancel request is seen between chunks).
     """
 
     path: str
@@ -29,15 +51,14 @@ class ModelSpec:
     n_batch: int = 512
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ConfigError(f"a model path must be a string or path, got {type(self.path).__name__}")
         object.__setattr__(self, "path", os.fspath(self.path))
-        if self.n_ctx < 8:
-            raise ConfigError(f"n_ctx must be at least 8, got {self.n_ctx}")
-        if self.n_batch < 1:
-            raise ConfigError(f"n_batch must be positive, got {self.n_batch}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise ConfigError(f"n_threads must be positive, got {self.n_threads}")
-        if self.n_gpu_layers < -1:
-            raise ConfigError(f"n_gpu_layers must be -1 (all) or >= 0, got {self.n_gpu_layers}")
+        _int("n_ctx", self.n_ctx, 8, MAX_CTX)
+        _int("n_batch", self.n_batch, 1, MAX_CTX)
+        if self.n_threads is not None:
+            _int("n_threads", self.n_threads, 1, 1024)
+        _int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
 
 
 @dataclass(frozen=True)
@@ -53,7 +74,8 @@ class SamplingParams:
         positive, multiplied when negative (1.0 = off).
     presence_penalty / frequency_penalty: OpenAI-style, subtracted from the logits of tokens seen in the window
         (once / per occurrence) (0 = off).
-    seed: None = a fresh random seed each generation.
+    seed: None = a fresh random seed each generation; else an integer in [0, 2**64). The same seed on the same
+        engine (same calibration) reproduces the output.
     """
 
     temperature: float = 0.8
@@ -67,22 +89,20 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (0.0 <= self.temperature < float("inf")):
-            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (0.0 <= _real("temperature", self.temperature)):
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         for name in ("presence_penalty", "frequency_penalty"):
-            v = getattr(self, name)
-            if not (-float("inf") < v < float("inf")):
-                raise ConfigError(f"{name} must be a finite number, got {v}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
+            _real(name, getattr(self, name))
+        _int("top_k", self.top_k, 0)
+        if not (0.0 < _real("top_p", self.top_p) <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (0.0 <= self.min_p < 1.0):
+        if not (0.0 <= _real("min_p", self.min_p) < 1.0):
             raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not (self.repeat_penalty > 0.0):
+        if not (_real("repeat_penalty", self.repeat_penalty) > 0.0):
             raise ConfigError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
-        if self.repeat_last_n < 0:
-            raise ConfigError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        _int("repeat_last_n", self.repeat_last_n, 0)
+        if self.seed is not None:
+            _int("seed", self.seed, 0, MAX_SEED)
 
     @property
     def greedy(self) -> bool:
@@ -100,15 +120,16 @@ class SamplingParams:
 class SpecConfig:
     """How to speculate.
 
-    draft_max: the most tokens drafted per cycle (the controller may draft fewer, or none).
+    draft_max: the most tokens a draft model drafts per cycle (the controller may draft fewer, or none);
+        0 = never speculate.
     draft_min: the fewest tokens drafted when speculating at all.
     adaptive: let the controller pick the draft length each cycle from measured costs and acceptance;
-        False = always draft `draft_max` (the classic fixed-K loop).
+        False = always draft `draft_max` (the classic fixed-K loop, n-gram lookups included).
     draft_temperature: None = the draft samples with the same settings as the target; otherwise its own
         temperature (other settings shared). Exactness never depends on this: q is always reported.
-    ngram_n_max, ngram_n_min: the longest and shortest context suffix the n-gram drafter looks up.
-    ngram_draft_max: the most tokens an n-gram proposal drafts (adaptive mode; a lookup is free, so it may
-        draft longer than the model drafter when the text is being copied).
+    ngram_n_max, ngram_n_min: the longest and shortest context suffix the n-gram lookup matches.
+    ngram_draft_max: the most tokens an n-gram lookup drafts per cycle (adaptive mode; a lookup is free, so it
+        may draft longer than the draft model when text is being copied).
     """
 
     draft_max: int = 8
@@ -120,45 +141,17 @@ class SpecConfig:
     ngram_draft_max: int = 16
 
     def __post_init__(self) -> None:
-        if self.draft_max < 0 or self.draft_max > 64:
-            raise ConfigError(f"draft_max must be in [0, 64], got {self.draft_max}")
-        if self.ngram_draft_max < 1 or self.ngram_draft_max > 64:
-            raise ConfigError(f"ngram_draft_max must be in [1, 64], got {self.ngram_draft_max}")
-        if self.draft_min < 1 or (self.draft_max and self.draft_min > self.draft_max):
+        _int("draft_max", self.draft_max, 0, 64)
+        _int("ngram_draft_max", self.ngram_draft_max, 1, 64)
+        _int("draft_min", self.draft_min, 1)
+        if self.draft_max and self.draft_min > self.draft_max:
             raise ConfigError(f"draft_min must be in [1, draft_max], got {self.draft_min}")
-        if self.draft_temperature is not None and self.draft_temperature < 0:
+        if not isinstance(self.adaptive, bool):
+            raise ConfigError("adaptive must be True or False")
+        if self.draft_temperature is not None and not (_real("draft_temperature", self.draft_temperature) >= 0):
             raise ConfigError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
+        _int("ngram_n_min", self.ngram_n_min, 1, 64)
+        _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 
-class DraftRatios:
-    """μ and acceptance for any stats record with n_accepted, n_drafted and n_spec_cycles counters (one
-    generation's GenerationStats, a chat session's ChatTotals)."""
-
-    @property
-    def mu(self) -> float:
-        """Mean drafted tokens accepted per speculative cycle."""
-        return self.n_accepted / self.n_spec_cycles if self.n_spec_cycles else 0.0  # type: ignore[attr-defined]
-
-    @property
-    def acceptance(self) -> float:
-        """Share of drafted tokens the target kept."""
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0  # type: ignore[attr-defined]
-
-
-@dataclass
-class Timings:
-    """Seconds spent, split by where."""
-
-    draft: float = 0.0
-    target: float = 0.0
-    overhead: float = 0.0
-    prefill: float = 0.0
-
-    def add(self, other: "Timings") -> None:
-        self.draft += other.draft
-        self.target += other.target
-        self.overhead += other.overhead
-        self.prefill += other.prefill
-
-
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "DraftRatios", "Timings"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig"]

@@ -55,3 +55,27 @@ class StreamingDetokenizer:
         self._hold = pending[len(pending) - keep :]
         self.text += out
         return out
+
+
+def incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of `data` start a UTF-8 character that is not complete (0 if none)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # continuation byte: look further back for the lead byte
+            continue
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return back if need > back else 0
+    return 0
+
+
+def complete_utf8(ids: Sequence[int], token_bytes: Callable[[int], bytes]) -> list[int]:
+    """`ids` without the trailing tokens that end inside a UTF-8 character (an answer cut mid-character)."""
+    ids = list(ids)
+    for _ in range(4):
+        if not ids or not incomplete_utf8_tail(b"".join(token_bytes(t) for t in ids[-4:])):
+            break
+        ids.pop()
+    return ids
+
+
+__all__ = ["StreamingDetokenizer", "incomplete_utf8_tail", "complete_utf8"]

@@ -1,37 +1,51 @@
-"""The public engine: load a target (and a draft) once, then generate or stream many times.
+"""The public engine: load a target (and a draft) once, then generate from any thread, sync or async.
 
     from edgespec import Engine, ModelSpec, SamplingParams
-    eng = Engine.load(ModelSpec("target.gguf"), ModelSpec("draft.gguf"))
-    r = eng.generate("Write a haiku", sampling=SamplingParams(temperature=0))
-    for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
-        print(chunk.text, end="")
+    with Engine.load(ModelSpec("target.gguf"), ModelSpec("draft.gguf")) as eng:
+        r = eng.generate("Write a haiku", sampling=SamplingParams(temperature=0))
+        for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
+            print(chunk.text, end="")
 
-Plain decoding (no draft) goes through the same loop and the same sampling code with a draft length of 0.
+One worker thread owns the llama.cpp contexts. `stream()` queues a generation (FIFO; callers never interleave)
+and returns a `Generation` handle at once: iterate it (or `async for`), `cancel()` it from any thread (it stops
+within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`. Several
+conversations share the engine without losing their KV cache: a snapshot of what a conversation left in the cache
+is kept in host memory (backend.PromptCache) and restored when it comes back, so only its new tokens are decoded.
+
+Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import collections
+import math
+import numbers
 import os
+import threading
 import time
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from . import calibration as cal
 from . import chat_template
 from .backend import Model, default_threads
-from .config import ConfigError, EdgespecError, ModelSpec, SamplingParams, SpecConfig
-from .controller import Controller, CostModel, NgramPolicy
+from .config import ModelSpec, SamplingParams, SpecConfig
+from .costs import CostModel, VerifyCurve
+from .sampling import PositionalUniforms
 from .detok import StreamingDetokenizer
-from .drafters.model import ModelDrafter
-from .drafters.ngram import NgramDrafter
-from .drafters.policy import HybridDrafter, LookupSpeculator
+from .errors import ConfigError, EdgespecError, EngineClosedError, QueueFullError
 from .gguf_check import inspect_gguf, require_compatible
-from .speculate import GenerationStats, Step, speculate
+from .speculate import Step, speculate
+from .speculators import KINDS, make_speculator, model_draft_used
+from .stats import GenerationStats
 
-DRAFTER_KINDS = ("model", "ngram", "model+ngram", "none")
+DRAFTER_KINDS = KINDS
+RECALIBRATE_EVERY = 30.0  # seconds: at most one mid-generation re-measurement this often
 
 
 @dataclass
@@ -49,111 +63,265 @@ class Result:
     text: str
     token_ids: list[int]
     stats: GenerationStats
-    finish_reason: str
+    finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
 
     def as_dict(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
 
 
-class Generation:
-    """An iterator of Chunks; after (or during) iteration `.text`, `.token_ids` and `.stats` describe the run."""
+# --------------------------------------------------------------------------------------------- jobs
+class _Job:
+    """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
 
-    def __init__(self, chunks: Iterator[Chunk], stats: GenerationStats, token_ids: list[int], detok: StreamingDetokenizer):
-        self._chunks = chunks
-        self.stats = stats
-        self.token_ids = token_ids
-        self._detok = detok
+    def __init__(self, run: Callable[["_Job"], Any]) -> None:
+        self._run = run
+        self.cancel_event = threading.Event()
+        self.done = threading.Event()
+        self.started = False
+        self.error: BaseException | None = None
+        self.value: Any = None
+        self.enqueued = time.perf_counter()
+        self.started_at = 0.0
+        self.lock = threading.Condition()
+        self.items: collections.deque[Chunk] = collections.deque()
+        self.wakers: list[Callable[[], None]] = []
 
-    def __iter__(self) -> Iterator[Chunk]:
-        return self._chunks
+    def cancel(self) -> None:
+        self.cancel_event.set()
+        self._wake()
+
+    def push(self, chunk: Chunk) -> None:
+        with self.lock:
+            self.items.append(chunk)
+            self.lock.notify_all()
+        self._wake()
+
+    def run(self) -> None:
+        self.started = True
+        self.started_at = time.perf_counter()
+        try:
+            self.value = self._run(self)
+        except BaseException as e:  # the caller gets it; the worker lives on
+            self.error = e
+        finally:
+            self.finish()
+
+    def finish(self) -> None:
+        with self.lock:
+            self.done.set()
+            self.lock.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        for w in list(self.wakers):
+            w()
+
+
+class _Worker:
+    """One thread, one FIFO queue of jobs. A cancelled queued job never starts."""
+
+    def __init__(self, max_queue: int | None) -> None:
+        self.max_queue = max_queue
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.current: _Job | None = None
+        self.thread = threading.Thread(target=self._loop, name="edgespec-engine", daemon=True)
+        self.thread.start()
 
     @property
-    def text(self) -> str:
-        return self._detok.text
+    def pending(self) -> int:
+        with self._cond:
+            return sum(1 for j in self._queue if not j.cancel_event.is_set())
+
+    def submit(self, job: _Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is closed; load a new one")
+            if threading.current_thread() is self.thread:
+                raise ConfigError("a generation cannot be started from inside an engine callback")
+            if self.max_queue is not None and sum(1 for j in self._queue if not j.cancel_event.is_set()) >= self.max_queue:
+                raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closed and drained
+                job = self._queue.popleft()
+                self.current = job
+            try:
+                if job.cancel_event.is_set():
+                    job.finish()  # its client left before it started
+                else:
+                    job.run()
+            finally:
+                with self._cond:
+                    self.current = None
+                    self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            for job in self._queue:
+                job.cancel()
+            if self.current is not None:
+                self.current.cancel()
+            self._cond.notify_all()
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+
+
+def _shutdown(worker: _Worker, models: list[Model]) -> None:
+    worker.shutdown()
+    for m in models:
+        m.close()
+
+
+# --------------------------------------------------------------------------------------------- the handle
+class Generation:
+    """A queued or running generation. Iterate it for Chunks (sync or `async for`); `.text`, `.token_ids` and
+    `.stats` describe what was generated so far, `result()` waits for the end. `cancel()` works from any thread;
+    `close()` cancels and waits until the engine has let go of it. Dropping the handle cancels it."""
+
+    def __init__(self, job: _Job, ids: list[int], stats: GenerationStats, texts: list[str]) -> None:
+        self._job = job
+        self._ids = ids
+        self._texts = texts
+        self.stats = stats
+        self._finalizer = weakref.finalize(self, job.cancel)
+
+    # -- control
+    def cancel(self) -> None:
+        """Stop generating (within one cycle, or one prefill chunk); a queued generation never starts."""
+        self._job.cancel()
 
     def close(self) -> None:
-        self._chunks.close()  # type: ignore[attr-defined]
+        """Cancel and wait until the generation has ended (its tokens and stats are final then)."""
+        self._job.cancel()
+        self.wait()
 
-    def result(self) -> Result:
-        for _ in self._chunks:
-            pass
-        return Result(self.text, list(self.token_ids), self.stats, self.stats.stop_reason)
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the generation has ended; False if `timeout` passed first."""
+        return self._job.done.wait(timeout)
 
+    @property
+    def done(self) -> bool:
+        return self._job.done.is_set()
 
-# --------------------------------------------------------------------------------------------- calibration
-# Every size up to 9, then a few larger ones: on CPUs the curve is irregular (here 12 tokens cost more than 16),
-# so interpolating from a few sizes misleads the controller. Sizes in between are learnt online.
-_CAL_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17)
-
-
-def _cache_dir() -> Path:
-    import platformdirs
-
-    return Path(os.environ.get("EDGESPEC_CACHE_DIR") or platformdirs.user_cache_dir("edgespec"))
-
-
-def measure_decode_costs(model: Model, sizes: Sequence[int] = _CAL_SIZES, repeats: int = 2) -> dict[int, float]:
-    """Seconds for one batched decode of n tokens after a short context, best of `repeats`. Leaves the cache
-    empty. This is the verify-cost curve the controller plans with."""
-    base = [model.bos if model.bos >= 0 else 0] + [min(100 + i, model.n_vocab - 1) for i in range(15)]
-    sizes = [n for n in sizes if len(base) + n <= model.n_ctx and n <= model.n_batch]
-    model.reset()
-    model.decode(base, 0, ())
-    out: dict[int, float] = {}
-    for _ in range(repeats):
-        for n in sizes:
-            toks = [(7 * j + 11) % model.n_vocab for j in range(n)]
-            t0 = time.perf_counter()
-            model.decode(toks, len(base), range(n))
-            dt = time.perf_counter() - t0
-            model.truncate(len(base))
-            out[n] = min(out.get(n, dt), dt)
-    model.reset()
-    return out
-
-
-def calibrate(target: Model, draft: Model | None, *, use_cache: bool = True) -> tuple[dict[int, float], float]:
-    """(target verify costs {n: s}, draft seconds per token), cached per model file and settings in the user
-    cache so that later loads skip the measurement."""
-    key = json.dumps(
-        [_model_key(target), _model_key(draft) if draft else None, sorted(_CAL_SIZES)], sort_keys=True
-    )
-    path = _cache_dir() / "calibration.json"
-    table: dict[str, Any] = {}
-    if use_cache:
+    def result(self, timeout: float | None = None) -> Result:
+        """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
+        raised)."""
         try:
-            table = json.loads(path.read_text())
-            hit = table.get(key)
-            if hit:
-                return {int(n): float(s) for n, s in hit["verify"].items()}, float(hit["draft"])
-        except (OSError, ValueError, KeyError, TypeError):
-            table = {}
-    verify = measure_decode_costs(target)
-    c_draft = measure_decode_costs(draft, sizes=(1,))[1] if draft is not None else 0.0
-    if use_cache:
+            if not self._job.done.wait(timeout):
+                raise TimeoutError("the generation did not finish in time")
+        except BaseException:
+            if not self._job.done.is_set():
+                self._job.cancel()
+            raise
+        if self._job.error is not None:
+            raise self._job.error
+        return Result(self.text, list(self._ids), self.stats, self.finish_reason)
+
+    # -- what was generated
+    @property
+    def text(self) -> str:
+        with self._job.lock:
+            return "".join(self._texts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        with self._job.lock:
+            return list(self._ids)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.stop_reason
+
+    # -- iteration
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Chunk:
+        job = self._job
         try:
-            table[key] = {"verify": verify, "draft": c_draft, "when": time.time()}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            tmp.replace(path)
-        except OSError:
-            pass
-    return verify, c_draft
+            with job.lock:
+                while not job.items and not job.done.is_set():
+                    job.lock.wait()
+                if job.items:
+                    return job.items.popleft()
+        except BaseException:  # Ctrl-C while waiting: stop the work too
+            job.cancel()
+            raise
+        if job.error is not None:
+            raise job.error
+        raise StopIteration
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        job = self._job
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        job.wakers.append(wake)
+        try:
+            while True:
+                event.clear()
+                with job.lock:
+                    if job.items:
+                        return job.items.popleft()
+                    ended = job.done.is_set()
+                if ended:
+                    if job.error is not None:
+                        raise job.error
+                    raise StopAsyncIteration
+                await event.wait()
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        finally:
+            job.wakers.remove(wake)
 
 
-def _model_key(m: Model) -> list[Any]:
-    st = os.stat(m.spec.path)
-    return [os.path.abspath(m.spec.path), st.st_size, st.st_mtime_ns, m.n_threads, m.spec.n_gpu_layers, m.n_batch]
+# --------------------------------------------------------------------------------------------- checks
+def _check_int(name: str, v: Any, lo: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(f"{name} must be at least {lo}, got {v}")
+    return int(v)
+
+
+def _check_stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ConfigError("stop must be a string or a list of strings")
+    return tuple(s for s in stop if s)
+
+
+def _as_spec(m: ModelSpec | str | os.PathLike[str]) -> ModelSpec:
+    if isinstance(m, ModelSpec):
+        return m
+    if not isinstance(m, (str, os.PathLike)):
+        raise ConfigError(f"a model must be a path or a ModelSpec, got {type(m).__name__}")
+    return ModelSpec(os.fspath(m))
 
 
 # --------------------------------------------------------------------------------------------- engine
-def _as_spec(m: ModelSpec | str | os.PathLike[str]) -> ModelSpec:
-    return m if isinstance(m, ModelSpec) else ModelSpec(os.fspath(m))
-
-
 class Engine:
-    """A loaded target (+ optional draft) and the machinery to generate from it."""
+    """A loaded target (+ optional draft) and the worker that generates from it (see the module docstring)."""
 
     def __init__(
         self,
@@ -162,22 +330,32 @@ class Engine:
         *,
         drafter: str = "auto",
         spec: SpecConfig | None = None,
-        verify_costs: Mapping[int, float] | None = None,
-        draft_cost: float = 0.0,
+        calibration: cal.Calibration | None = None,
+        max_queue: int | None = None,
     ) -> None:
-        self.target = target
-        self.draft = draft
-        self.spec = spec or SpecConfig()
         if drafter == "auto":
             drafter = "model+ngram" if draft is not None else "none"
         if drafter not in DRAFTER_KINDS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
         if drafter in ("model", "model+ngram") and draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model")
+        if max_queue is not None:
+            _check_int("max_queue", max_queue, 1)
+        self.target = target
+        self.draft = draft
+        self.spec = spec or SpecConfig()
         self.drafter_kind = drafter
-        self.verify_costs = dict(verify_costs) if verify_costs else {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}
-        self.draft_cost = draft_cost
-        self.last_controller_stats: dict[str, Any] = {}
+        # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
+        self.calibration = calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed")
+        self.curve = VerifyCurve(self.calibration.verify)  # live: every generation refines it
+        self.draft_cost = self.calibration.draft
+        self._last_recalibration = 0.0
+        self._entropy = np.random.SeedSequence()
+        self._specials: list[str] | None = None
+        self._closed = False
+        self._worker = _Worker(max_queue)
+        models = [m for m in (target, draft) if m is not None]
+        self._finalizer = weakref.finalize(self, _shutdown, self._worker, models)
 
     @classmethod
     def load(
@@ -188,33 +366,45 @@ class Engine:
         drafter: str = "auto",
         spec: SpecConfig | None = None,
         calibrate_costs: bool = True,
+        prompt_cache_mb: float = 256,
+        max_queue: int | None = None,
     ) -> "Engine":
         """Validate both files, check that they share a tokenizer (before any weights load), load them and
-        measure decode costs (cached per machine)."""
+        measure decode costs (cached per machine, checked at every load). prompt_cache_mb: host memory for KV
+        snapshots of conversations the engine left (0 = none), per model."""
+        if not isinstance(prompt_cache_mb, (int, float)) or isinstance(prompt_cache_mb, bool) or not (0 <= prompt_cache_mb < math.inf):
+            raise ConfigError(f"prompt_cache_mb must be a number >= 0, got {prompt_cache_mb!r}")
+        if spec is not None and not isinstance(spec, SpecConfig):
+            raise ConfigError("spec must be a SpecConfig")
         tspec = _as_spec(target)
         tinfo = inspect_gguf(tspec.path)
         dspec = dinfo = None
-        if draft is not None and drafter != "ngram" and drafter != "none":
+        if draft is not None and drafter not in ("ngram", "none"):
             dspec = _as_spec(draft)
             dinfo = inspect_gguf(dspec.path)
             require_compatible(tinfo, dinfo)
-        t = Model(tspec, tinfo)
+        cache_bytes = int(prompt_cache_mb * 2**20)
+        t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes)
         d = None
         try:
             if dspec is not None:
-                d = Model(dspec, dinfo)
-            verify, c_draft = calibrate(t, d) if calibrate_costs else (None, 0.0)
+                d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
+            calib = cal.calibrate(t, d) if calibrate_costs else None
+            return cls(t, d, drafter=drafter, spec=spec, calibration=calib, max_queue=max_queue)
         except BaseException:
             t.close()
             if d is not None:
                 d.close()
             raise
-        return cls(t, d, drafter=drafter, spec=spec, verify_costs=verify, draft_cost=c_draft)
 
     def close(self) -> None:
-        self.target.close()
-        if self.draft is not None:
-            self.draft.close()
+        """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
+        self._closed = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> "Engine":
         return self
@@ -222,21 +412,64 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ----------------------------------------------------------------------------- prompts
+    def _live(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed; load a new one")
+
+    @property
+    def pending(self) -> int:
+        """Generations waiting for the engine (not counting the one running)."""
+        return self._worker.pending
+
+    # ----------------------------------------------------------------------------- prompts (any thread)
     @property
     def chat_template(self) -> str | None:
+        self._live()
         return self.target.chat_template
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        self._live()
         return chat_template.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt)
 
+    def special_texts(self) -> list[str]:
+        """The text of every control token of the vocabulary (computed once)."""
+        if self._specials is None:
+            import llama_cpp as C  # the vocabulary's token attributes; a read-only query
+
+            vocab = self.target._vocab
+            ids = [i for i in range(self.target.n_vocab) if C.llama_vocab_get_attr(vocab, i) & 0b1010]
+            self._specials = sorted({self.target.token_bytes(i, special=True).decode("utf-8", "replace") for i in ids} - {""})
+        return self._specials
+
+    def segment_tokens(self, segments: Sequence[tuple[str, bool]], *, add_bos: bool) -> list[int]:
+        """Token ids for rendered segments: markup with control tokens parsed, contents as plain text."""
+        self._live()
+        out: list[int] = []
+        for i, (text, is_content) in enumerate(segments):
+            out += self.target.tokenize(text, add_special=add_bos and i == 0, parse_special=not is_content)
+        if add_bos and not segments:
+            out = self.target.tokenize("", add_special=True)
+        return out
+
+    def chat_segments(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+        self._live()
+        return chat_template.render_segments(
+            self.chat_template, messages, add_generation_prompt=add_generation_prompt, specials=_LazySpecials(self)
+        )
+
     def prompt_tokens(self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Token ids for a raw prompt (BOS added if the model wants it) or for chat messages (rendered with the
-        model's template; special tokens in the template are parsed as specials)."""
+        """Token ids for a raw prompt (BOS added if the model wants it; control-token text stays text) or for chat
+        messages (rendered with the model's template: the template's markup becomes control tokens, message
+        contents never do)."""
+        self._live()
         if (prompt is None) == (messages is None):
             raise ConfigError("give exactly one of prompt or messages")
-        text = prompt if prompt is not None else self.render(messages or [])
-        toks = self.target.tokenize(text, add_special=True, parse_special=messages is not None)
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+            toks = self.target.tokenize(prompt, add_special=True, parse_special=False)
+        else:
+            toks = self.segment_tokens(self.chat_segments(messages or []), add_bos=True)
         if not toks:
             raise ConfigError("the prompt is empty")
         return toks
@@ -244,37 +477,11 @@ class Engine:
     # ----------------------------------------------------------------------------- generation
     @property
     def model_draft_pays(self) -> bool:
-        """Whether the draft model can pay on this machine: False without one, or when the controller's hardware gate
-        (calibrated costs, 90% acceptance everywhere still gains under 10%) switches it off. Then "model+ngram" runs
-        the n-gram drafter alone and the draft model does no work at all."""
-        if self.draft is None or self.drafter_kind not in ("model", "model+ngram") or self.spec.draft_max == 0:
+        """Whether generations would run the draft model at all: False without one, or where the hardware gate
+        (costs.draft_model_pays on the live costs) says it cannot pay; "model+ngram" then runs the lookup alone."""
+        if self.draft is None:
             return False
-        return not self._model_controller(frozen=False).disabled
-
-    def _cost(self, free: bool, frozen: bool) -> CostModel:
-        return CostModel(self.verify_costs, c_draft=0.0 if free else self.draft_cost, frozen=frozen)
-
-    def _model_controller(self, frozen: bool) -> Controller:
-        return Controller(self.spec, self._cost(False, frozen))
-
-    def _make_drafter(self, sampling: SamplingParams, speculative: bool) -> tuple[Any, Any]:
-        kind = self.drafter_kind if speculative else "none"
-        if kind == "none" or self.spec.draft_max == 0:
-            return None, None
-        # A seeded run plans with the calibrated costs only (not this run's timings): reproducible output.
-        frozen = sampling.seed is not None
-        md = ModelDrafter(self.draft, sampling, self.spec.draft_temperature) if self.draft is not None else None
-        if kind == "model":
-            return md, self._model_controller(frozen)
-        ngram = NgramDrafter(self.spec.ngram_n_max, self.spec.ngram_n_min)
-        lookup = LookupSpeculator(ngram, NgramPolicy(self.spec, self._cost(True, frozen)))
-        if kind == "ngram":
-            return lookup, lookup
-        model_ctl = self._model_controller(frozen)
-        if model_ctl.disabled:  # the hardware gate (see model_draft_pays): the lookup alone
-            return lookup, lookup
-        hybrid = HybridDrafter(md, lookup, model_ctl)  # type: ignore[arg-type]
-        return hybrid, hybrid
+        return model_draft_used(self.drafter_kind, self.spec, CostModel(self.curve, c_draft=self.draft_cost))
 
     def stream(
         self,
@@ -284,53 +491,169 @@ class Engine:
         tokens: Sequence[int] | None = None,
         sampling: SamplingParams | None = None,
         max_tokens: int = 512,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = (),
         speculative: bool = True,
+        on_prefill: Callable[[int, int], None] | None = None,
     ) -> Generation:
-        """Start a generation and return it as an iterator of text Chunks (see Generation)."""
-        sampling = sampling or SamplingParams()
-        if max_tokens < 1:
-            raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
-        ctx = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages=messages)
-        rng = np.random.default_rng(sampling.seed)
-        drafter, policy = self._make_drafter(sampling, speculative)
+        """Queue a generation and return its handle at once (see Generation). Exactly one of prompt, messages or
+        tokens. on_prefill(done, total) is called from the engine's thread after each prefill chunk."""
+        self._live()
+        if sum(x is not None for x in (prompt, messages, tokens)) != 1:
+            raise ConfigError("give exactly one of prompt, messages or tokens")
+        sampling = sampling if sampling is not None else SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise ConfigError("sampling must be a SamplingParams")
+        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        stops = _check_stop(stop)
+        if not isinstance(speculative, bool):
+            raise ConfigError("speculative must be True or False")
+        if on_prefill is not None and not callable(on_prefill):
+            raise ConfigError("on_prefill must be callable")
+        if tokens is not None:
+            if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
+                raise ConfigError("tokens must be a list of token ids")
+            ctx = [_check_int("a token id", t, 0) for t in tokens]
+            if not ctx:
+                raise ConfigError("tokens is empty")
+            if max(ctx) >= self.target.n_vocab:
+                raise ConfigError(f"token id {max(ctx)} is outside the vocabulary (size {self.target.n_vocab})")
+        else:
+            ctx = self.prompt_tokens(prompt, messages=messages)
         stats = GenerationStats()
         ids: list[int] = []
-        detok = StreamingDetokenizer(self.target.token_bytes, stop)
-        steps = speculate(
-            self.target, ctx, sampling, rng, max_tokens=max_tokens, drafter=drafter, policy=policy, stats=stats
-        )
-        return Generation(self._chunks(steps, ids, detok, stats, policy), stats, ids, detok)
+        texts: list[str] = []
+        job = _Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, speculative, on_prefill, stats, ids, texts))
+        self._worker.submit(job)
+        return Generation(job, ids, stats, texts)
 
-    def _chunks(
-        self, steps: Iterator[Step], ids: list[int], detok: StreamingDetokenizer, stats: GenerationStats, policy: Any
-    ) -> Iterator[Chunk]:
-        try:
-            for step in steps:
-                ids.extend(step.tokens)
-                n = step.n_accepted
-                for toks, flag in ((step.tokens[:n], True), (step.tokens[n:], False)):
-                    if not toks:
-                        continue
-                    text = detok.push(toks)
-                    if text:
-                        yield Chunk(text, list(toks), flag)
-                    if detok.stopped:
-                        stats.stop_reason = "stop"
-                        return
-            tail = detok.flush()
-            if tail:
-                yield Chunk(tail, [], False)
-        finally:
-            steps.close()  # type: ignore[attr-defined]
-            if detok.stopped:
-                stats.stop_reason = "stop"
-            if policy is not None and hasattr(policy, "stats"):
-                self.last_controller_stats = policy.stats()
+    def astream(self, prompt: str | None = None, **kwargs: Any) -> Generation:
+        """stream() for asyncio: `async for chunk in engine.astream(...)` (the same handle; iterating it does not
+        block the event loop)."""
+        return self.stream(prompt, **kwargs)
 
     def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
-        """Like stream(), joined: text, token ids and stats."""
+        """Like stream(), waited for: text, token ids, stats and finish reason."""
         return self.stream(prompt, **kwargs).result()
 
+    def submit(self, fn: Callable[["Engine"], Any]) -> "Future[Any]":
+        """Run fn(engine) in the engine's thread, with the models to itself, after what is queued (for tools that
+        need the models directly, e.g. the benchmark resetting caches)."""
+        self._live()
+        fut: Future[Any] = Future()
 
-__all__ = ["Engine", "Chunk", "Result", "Generation", "calibrate", "measure_decode_costs", "default_threads", "EdgespecError"]
+        def run(job: _Job) -> None:
+            try:
+                fut.set_result(fn(self))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        self._worker.submit(_Job(run))
+        return fut
+
+    def reset_caches(self) -> None:
+        """Empty both models' KV caches (their snapshots stay); waits for the queue."""
+        def reset(eng: "Engine") -> None:
+            eng.target.reset()
+            if eng.draft is not None:
+                eng.draft.reset()
+
+        self.submit(reset).result()
+
+    # ----------------------------------------------------------------------------- the worker's side
+
+    def _recalibrate_if_needed(self, stats: GenerationStats) -> None:
+        now = time.perf_counter()
+        if not self.curve.suspect or now - self._last_recalibration < RECALIBRATE_EVERY:
+            return
+        self._last_recalibration = now
+        points, steady = cal.measure_at_end(self.target)
+        stats.timings.calibration += time.perf_counter() - now
+        if points:
+            self.curve.replace(points)
+            stats.recalibrations += 1
+            if steady:
+                self.calibration = cal.Calibration(points, self.draft_cost, "recalibrated")
+                cal.store(cal.entry_key(self.target, self.draft), self.calibration)
+
+    def _run(
+        self,
+        job: _Job,
+        ctx: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        stops: tuple[str, ...],
+        speculative: bool,
+        on_prefill: Callable[[int, int], None] | None,
+        stats: GenerationStats,
+        ids: list[int],
+        texts: list[str],
+    ) -> None:
+        stats.timings.queue = job.started_at - job.enqueued
+        # A seed fixes the uniform of every position: the output is then plain decoding's, token for token, whatever
+        # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
+        # entropy (tests may fix it).
+        rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
+        cost = CostModel(self.curve, c_draft=self.draft_cost)
+        kind = self.drafter_kind if speculative else "none"
+        speculator = make_speculator(kind, self.spec, sampling, cost, self.draft)
+        stats.costs = {**cost.describe(), "source": self.calibration.source}
+        detok = StreamingDetokenizer(self.target.token_bytes, stops)
+        steps = speculate(
+            self.target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats,
+            should_stop=job.cancel_event.is_set, on_prefill=on_prefill,
+            after_cycle=lambda: self._recalibrate_if_needed(stats),
+        )
+        try:
+            for step in steps:
+                if self._emit(job, step, detok, ids, texts):
+                    break
+            else:
+                tail = detok.flush()
+                if tail:
+                    self._push(job, texts, Chunk(tail, [], False))
+        finally:
+            steps.close()
+            if detok.stopped:
+                stats.stop_reason = "stop"
+            stats.n_generated = len(ids)
+            if speculator is not None:
+                stats.controller = speculator.stats()
+            self.draft_cost = cost.c_draft
+
+    def _emit(self, job: _Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
+        """Hand a step's text to the caller: its accepted draft tokens, then the target's own, each pushed token by
+        token through the detokenizer, so a stop string ends the generation at the token that completes it, as
+        plain decoding would. True when it stopped."""
+        n = step.n_accepted
+        for toks, from_draft in ((step.tokens[:n], True), (step.tokens[n:], False)):
+            text, used = "", []
+            for tok in toks:
+                text += detok.push([tok])
+                used.append(tok)
+                with job.lock:
+                    ids.append(tok)
+                if detok.stopped:
+                    break
+            if text:
+                self._push(job, texts, Chunk(text, used, from_draft))
+            if detok.stopped:
+                return True
+        return False
+
+    def _push(self, job: _Job, texts: list[str], chunk: Chunk) -> None:
+        with job.lock:
+            texts.append(chunk.text)
+        job.push(chunk)
+
+
+class _LazySpecials:
+    """The vocabulary's control-token texts, computed only if a template needs them."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._engine.special_texts())
+
+
+__all__ = ["Engine", "Chunk", "Result", "Generation", "default_threads", "EdgespecError", "DRAFTER_KINDS"]

@@ -48,6 +48,11 @@ class ModelsError(EdgespecError):
     """A model-cache problem (bad manifest, missing file, failed pull)."""
 
 
+class StopRequested(Exception):
+    """Raised inside the engine when a cancel request is seen between prefill chunks. Not an error: it never
+    leaves the engine (the generation ends with finish reason "cancelled")."""
+
+
 __all__ = [
     "EdgespecError",
     "ConfigError",
@@ -59,4 +64,5 @@ __all__ = [
     "QueueFullError",
     "TemplateError",
     "ModelsError",
+    "StopRequested",
 ]

@@ -21,8 +21,9 @@ verification, so the two paths sample from exactly the same p.
    test runs on the weights w of a cheap superset of survivors and exp() is skipped for the rest.)
 7. Renormalise the surviving weights to sum to 1. Every dropped token has probability exactly 0.
 
-`sample(probs, rng)` draws one id by inverse CDF with a single `rng.random()`; `greedy` is the temperature-0
-choice. All functions are pure: inputs are never modified.
+`sample(probs, rng)` draws one id by inverse CDF with a single `rng.random()` (`sample_at(probs, u)` with a given
+u); `greedy` is the temperature-0 choice. All functions are pure: inputs are never modified. `PositionalUniforms`
+fixes the uniform of each position for seeded generations (see its docstring).
 """
 
 from __future__ import annotations
@@ -227,16 +228,20 @@ def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id t with probability probs[t] / sum(probs), by inverse CDF with exactly one
-    rng.random() draw: u ~ U[0, 1); return the first id whose cumulative mass exceeds u * total.
+    rng.random() draw (see sample_at)."""
+    return sample_at(probs, rng.random())
+
+
+def sample_at(probs: np.ndarray, u: float) -> int:
+    """The inverse CDF of probs / sum(probs) at u in [0, 1): the first id whose cumulative mass exceeds u * total.
 
     Never returns a zero-probability id: a zero adds exactly nothing to the cumulative sum, so the first
-    cumulative value > u * total always belongs to a positive entry; a draw that rounds onto the total goes
-    to the last positive id.
+    cumulative value > u * total always belongs to a positive entry; a u that rounds onto the total goes to the
+    last positive id.
     """
     probs = np.asarray(probs)
     if probs.ndim != 1:
         raise ValueError(f"probs must be 1-D, got shape {probs.shape}")
-    u = rng.random()
     values, support = probs, None
     if probs.size > _SPARSE_MIN_SIZE:
         positive = probs > 0.0
@@ -256,4 +261,25 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return i if support is None else int(support[i])
 
 
-__all__ = ["apply_penalties", "greedy", "sample", "top_k_indices", "top_p_mask", "warp"]
+class PositionalUniforms:
+    """Seeded randomness fixed by position: `at(t)` is the uniform for the token at context position t, the same
+    whichever way the generation gets there. A seeded generation samples the target's token at t with at(t), and a
+    draft samples its candidate for t with the same at(t) (common random numbers): a draft token is kept exactly
+    when it equals the target's own sample, so speculative output equals plain output token for token, whatever
+    the draft, the draft lengths or the machine's speed."""
+
+    BLOCK = 1024
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._blocks: dict[int, np.ndarray] = {}
+
+    def at(self, position: int) -> float:
+        b, i = divmod(int(position), self.BLOCK)
+        block = self._blocks.get(b)
+        if block is None:
+            block = self._blocks[b] = np.random.default_rng([self.seed, b]).random(self.BLOCK)
+        return float(block[i])
+
+
+__all__ = ["apply_penalties", "greedy", "sample", "sample_at", "PositionalUniforms", "top_k_indices", "top_p_mask", "warp"]

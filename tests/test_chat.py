@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec.chat import ChatContextError, ChatError, ChatSession, _complete_utf8
+from edgespec.chat import ChatContextError, ChatError, ChatSession
 from edgespec.cli.chat import read_message
+from edgespec.detok import complete_utf8
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.tiny import token_id, write_tiny_model
 
-STATS = re.compile(r"^\[\d+ tokens · [\d.]+ tok/s .*prefill \d+ tok [\d.]+s.*\]$")
+STATS = re.compile(r"^\[\d+ tokens · [\d.]+ tok/s .*prompt \d+ tok \(\d+ decoded in [\d.]+s.*\]$")
 HOT = set("abcdefgh ")
 IM_END = 262  # <|im_end|> in the tiny vocabulary: the end-of-generation token
 
@@ -83,7 +84,7 @@ def test_chat_scripted_session(tiny, tmp_path):
         if STATS.match(ln):
             answer = lines[i - 1]
             assert answer and set(answer) <= HOT, (answer, out)
-    assert re.search(r"^session: 1 turn, 20 tokens, [\d.]+ tok/s", out, re.M), out
+    assert re.search(r"^session: 1 turn · 20 tokens · [\d.]+ tok/s", out, re.M), out
     assert "(system prompt set; conversation cleared)" in out
     assert "system: 'you are terse'" in out
     assert "(conversation cleared, system prompt kept)" in out
@@ -122,7 +123,7 @@ def test_show_draft_never_colours_a_pipe(tiny):
 
 
 def test_missing_default_models_says_how_to_pull(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "empty"))
     monkeypatch.delenv("EDGESPEC_TARGET", raising=False)
     monkeypatch.delenv("EDGESPEC_DRAFT", raising=False)
     res = CliRunner().invoke(main, ["chat"], input="hi\n")
@@ -144,7 +145,7 @@ def test_context_full_drops_oldest_turns(tiny):
     assert all(" 16 tokens" in s or s.startswith("[16 tokens") for s in stats), stats
     notices = [ln for ln in out.splitlines() if "context full: dropped" in ln]
     assert notices, out
-    assert re.search(r"session: 8 turns, 128 tokens.*turns dropped for context", out), out
+    assert re.search(r"session: 8 turns · 128 tokens.*turns dropped for context", out), out
 
 
 def test_message_too_long_keeps_conversation(tiny):
@@ -251,7 +252,7 @@ def test_interrupted_turn_keeps_conversation_consistent(engine):
     assert nxt.reused  # the partial answer + <|im_end|> delta still extends the token sequence
     nxt.result()
     assert nxt.stats.n_prefill <= nxt.n_new_tokens + 1
-    assert s.totals.turns == 2 and s.totals.interrupted == 1
+    assert s.totals.runs == 2 and s.totals.interrupted == 1
 
 
 def test_abandoned_turn_is_settled_by_the_next_send(engine):
@@ -302,9 +303,9 @@ def test_read_message_multiline():
 def test_complete_utf8_drops_a_cut_character():
     pieces = {1: b"a", 2: "é".encode()[:1], 3: "é".encode()[1:], 4: "€".encode()[:2]}
     tb = pieces.__getitem__
-    assert _complete_utf8([1, 2, 3], tb) == [1, 2, 3]
-    assert _complete_utf8([1, 2], tb) == [1]
-    assert _complete_utf8([1, 2, 3, 4], tb) == [1, 2, 3]
+    assert complete_utf8([1, 2, 3], tb) == [1, 2, 3]
+    assert complete_utf8([1, 2], tb) == [1]
+    assert complete_utf8([1, 2, 3, 4], tb) == [1, 2, 3]
 
 
 def test_pull_flag_pulls_the_default_pair_first(tmp_path, monkeypatch):
@@ -312,7 +313,7 @@ def test_pull_flag_pulls_the_default_pair_first(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(models, "pull", lambda pair=None, **kw: calls.append((pair, kw)) or {})
-    monkeypatch.setenv("EDGESPEC_MODELS_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "empty"))
     monkeypatch.delenv("EDGESPEC_TARGET", raising=False)
     monkeypatch.delenv("EDGESPEC_DRAFT", raising=False)
     res = CliRunner().invoke(main, ["chat", "--pull"], input="")

@@ -13,7 +13,7 @@ import pytest
 pexpect = pytest.importorskip("pexpect")
 
 EXE = Path(sys.executable).with_name("edgespec")
-STATS = re.compile(r"\[(\d+) tokens · [\d.]+ tok/s[^\]\n]*prefill (\d+) tok [\d.]+s([^\]\n]*)\]")
+STATS = re.compile(r"\[(\d+) tokens · [\d.]+ tok/s[^\]\n]*prompt \d+ tok \((\d+) decoded in [\d.]+s[^)]*\)([^\]\n]*)\]")
 # The "> " prompt as prompt_toolkit draws it (it may move the cursor instead of writing the space).
 PROMPT = re.compile(r">(?: |\x08\x1b\[2C|\x1b\[1C)")
 

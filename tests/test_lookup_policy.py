@@ -1,14 +1,15 @@
-"""The n-gram drafter as its own policy (LookupSpeculator) and the model+ngram hybrid, driven by a scripted
-target: no model, deterministic."""
+"""N-gram lookup as a speculator (LookupSpeculator) and the model+ngram hybrid, driven by a scripted target: no
+model, deterministic."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from edgespec.config import SpecConfig
-from edgespec.controller import CostModel, MatchLengthEstimator, NgramPolicy
-from edgespec.drafters import NgramDrafter, Proposal
-from edgespec.drafters.policy import LookupSpeculator
+from edgespec.costs import CostModel
+from edgespec.ngram import NgramIndex
+from edgespec.policy import Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.speculators import HybridSpeculator, LookupSpeculator, Outcome, Proposal, make_speculator
 
 # The CPU curve measured on this project's 2-core machine (relative to one token).
 CPU = {1: 1.0, 2: 1.62, 3: 1.71, 4: 2.37, 5: 2.64, 6: 4.03, 8: 5.05, 16: 6.66}
@@ -16,20 +17,21 @@ CPU = {1: 1.0, 2: 1.62, 3: 1.71, 4: 2.37, 5: 2.64, 6: 4.03, 8: 5.05, 16: 6.66}
 
 def speculator(rel=CPU, **spec) -> LookupSpeculator:
     cost = CostModel.from_relative(0.08, rel)
-    return LookupSpeculator(NgramDrafter(4, 2), NgramPolicy(SpecConfig(**spec), cost))
+    return LookupSpeculator(NgramIndex(4, 2), NgramPolicy(SpecConfig(**spec), cost))
 
 
 def run_greedy(spec: LookupSpeculator, prompt: list[int], truth: list[int]) -> list[tuple[int, int]]:
     """The loop against a target that emits `truth`: returns (drafted, accepted) per cycle."""
     ctx, cycles, j = list(prompt), [], 0
     while j < len(truth):
-        k = min(spec.next_k(), len(truth) - j - 1)
-        d = spec.propose(ctx, k) if k > 0 else Proposal()
+        budget = len(truth) - j - 1
+        d = spec.propose(ctx, budget) if budget > 0 else Proposal()
+        assert len(d.tokens) <= max(budget, 0)
         n = 0
         while n < len(d.tokens) and d.tokens[n] == truth[j + n]:
             n += 1
-        spec.observe(len(d.tokens), n, 0.0, 0.08)
         new = truth[j : j + n + 1]
+        spec.observe(Outcome(len(d.tokens), n, len(new), 0.0, 0.08))
         ctx += new
         j += len(new)
         cycles.append((len(d.tokens), n))
@@ -76,66 +78,64 @@ def test_shadow_scores_only_continuations():
 
 def test_fixed_k_drafts_what_it_is_told():
     spec = speculator(draft_max=3, adaptive=False)
-    assert spec.next_k() == 3
     assert spec.propose([1, 2, 3, 4, 5, 1, 2], 3).tokens == [3, 4, 5]
+    assert spec.propose([1, 2, 3, 4, 5, 1, 2], 2).tokens == [3, 4]  # never more than the budget
 
 
 class _ScriptedModel:
-    """Stands in for ModelDrafter: proposes [7] * k and records the calls."""
+    """Stands in for ModelSpeculator: proposes [7] * budget and records the calls."""
 
     name = "model"
-    cost_per_token_hint = 0.4
 
     def __init__(self) -> None:
         self.calls = 0
+        self.observed: list[Outcome] = []
 
-    def propose(self, tokens, k, rng=None, keep_drafting=None) -> Proposal:
+    def propose(self, tokens, budget, rng=None) -> Proposal:
         self.calls += 1
-        return Proposal(tokens=[7] * k, q=[None] * k, source="model")
+        return Proposal(tokens=[7] * budget, q=[None] * budget, source="model")
+
+    def observe(self, outcome: Outcome) -> None:
+        self.observed.append(outcome)
+
+    def stats(self) -> dict:
+        return {}
 
 
 def test_hybrid_routes_to_the_lookup_when_it_wants_a_draft_else_to_the_model():
-    from edgespec.controller import Controller
-    from edgespec.drafters.policy import HybridDrafter
-
-    gpu = {1: 1.0, 64: 1.01}  # flat verify: the model controller is enabled and drafts
-    model_ctl = Controller(SpecConfig(draft_max=4, adaptive=False), CostModel(gpu, c_draft=0.01))
+    gpu = {1: 1.0, 64: 1.01}  # flat verify: the lookup drafts whatever it finds
     lookup = speculator(rel=gpu)
     model = _ScriptedModel()
-    hybrid = HybridDrafter(model, lookup, model_ctl)  # type: ignore[arg-type]
+    hybrid = HybridSpeculator(model, lookup)  # type: ignore[arg-type]
     # a repeated block: the lookup proposes its continuation
-    k = hybrid.next_k()
-    d = hybrid.propose([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], k, None, hybrid.keep_drafting)
+    d = hybrid.propose([1, 2, 3, 4, 5, 6, 1, 2, 3, 4], 4, None)
     assert d.source == "ngram" and d.tokens[:2] == [5, 6] and model.calls == 0
-    hybrid.observe(len(d.tokens), 2, 0.0, 1.0)
-    assert lookup.policy.cycles == 1 and model_ctl.cycles == 0
-    # nothing to look up: the draft model drafts, and only its controller learns from the cycle
-    k = hybrid.next_k()
-    d = hybrid.propose([9, 8, 7, 6], k, None, hybrid.keep_drafting)
+    hybrid.observe(Outcome(len(d.tokens), 2, 3, 0.0, 1.0))
+    assert lookup.policy.cycles == 1 and model.observed == []
+    # nothing to look up: the draft model drafts, and only it learns from the cycle
+    d = hybrid.propose([9, 8, 7, 6], 4, None)
     assert d.source == "model" and d.tokens == [7] * 4 and model.calls == 1
-    hybrid.observe(4, 1, 0.04, 1.0)
-    assert model_ctl.cycles == 1 and lookup.policy.cycles == 1
+    hybrid.observe(Outcome(4, 1, 2, 0.04, 1.0))
+    assert len(model.observed) == 1 and lookup.policy.cycles == 1
+    # a plain cycle teaches both, and its timing reaches the shared verify curve once
+    hybrid.observe(Outcome(0, 0, 1, 0.0, 1.0))
+    assert len(model.observed) == 2 and model.observed[-1].t_verify == 1.0
     assert set(hybrid.stats()) == {"model", "ngram"}
 
 
-def test_engine_runs_the_lookup_alone_where_the_draft_model_cannot_pay(tiny):
+def test_make_speculator_runs_the_lookup_alone_where_the_draft_model_cannot_pay():
+    cpu = CostModel({n: 0.08 * r for n, r in CPU.items()}, c_draft=0.032)  # the 2-core CPU: a 0.4x draft cannot pay
+    gpu = CostModel({1: 0.02, 64: 0.021}, c_draft=0.004)
     from edgespec.config import SamplingParams
-    from edgespec.engine import Engine
-    from edgespec.drafters.policy import HybridDrafter
 
-    cpu = {n: 0.08 * r for n, r in CPU.items()}  # the 2-core CPU: the gate switches a 0.4x draft off
-    gpu = {1: 0.02, 64: 0.021}
-    with Engine.load(tiny["target"], tiny["draft"], calibrate_costs=False) as eng:
-        eng.verify_costs, eng.draft_cost = cpu, 0.032
-        assert not eng.model_draft_pays
-        drafter, policy = eng._make_drafter(SamplingParams(temperature=0), True)
-        assert isinstance(drafter, LookupSpeculator) and policy is drafter
-        r = eng.generate("abcabcabc", sampling=SamplingParams(temperature=0), max_tokens=8)
-        assert "model" not in r.stats.source_counts
-        eng.verify_costs, eng.draft_cost = gpu, 0.004
-        assert eng.model_draft_pays
-        assert isinstance(eng._make_drafter(SamplingParams(temperature=0), True)[0], HybridDrafter)
-        # a fixed K is always obeyed, whatever the hardware
-        eng.spec = SpecConfig(draft_max=3, adaptive=False)
-        eng.verify_costs, eng.draft_cost = cpu, 0.032
-        assert eng.model_draft_pays
+    sp = SamplingParams(temperature=0)
+    model = _ScriptedModel()
+    assert isinstance(make_speculator("model+ngram", SpecConfig(), sp, cpu, model), LookupSpeculator)  # type: ignore[arg-type]
+    assert make_speculator("model", SpecConfig(), sp, cpu, model) is None  # type: ignore[arg-type]
+    assert isinstance(make_speculator("model+ngram", SpecConfig(), sp, gpu, model), HybridSpeculator)  # type: ignore[arg-type]
+    # a fixed K is always obeyed, whatever the hardware
+    fixed = SpecConfig(draft_max=3, adaptive=False)
+    assert isinstance(make_speculator("model+ngram", fixed, sp, cpu, model), HybridSpeculator)  # type: ignore[arg-type]
+    assert make_speculator("none", SpecConfig(), sp, gpu, model) is None  # type: ignore[arg-type]
+    assert make_speculator("ngram", SpecConfig(draft_max=0), sp, gpu) is None  # 0 = never speculate
+    assert isinstance(Controller(SpecConfig(), cpu).disabled, bool)

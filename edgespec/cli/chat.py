@@ -1,28 +1,33 @@
 """`edgespec chat`: an interactive terminal chat (the library part is edgespec.chat.ChatSession).
 
-On a terminal, input has line editing and history (prompt_toolkit; history in
-platformdirs.user_data_dir("edgespec")/chat_history, or $EDGESPEC_DATA_DIR/chat_history). Otherwise lines are read
-plainly from stdin, so `printf 'hi\\n/stats\\n' | edgespec chat` works.
+On a terminal, input has line editing and history (prompt_toolkit; the history file is EDGESPEC_DATA_DIR/chat_history,
+of which only the last HISTORY_TAIL_BYTES are read; a history file that cannot be used is replaced by an in-memory
+history and said once). Otherwise lines are read plainly from stdin (invalid UTF-8 becomes U+FFFD), so
+`printf 'hi\\n/stats\\n' | edgespec chat` works.
 
-Ctrl-C during an answer stops that answer (the partial answer stays in the conversation); the SIGINT handler
-installed while generating only sets a flag, checked between chunks, so no KeyboardInterrupt can land inside
-the engine between a decode and the cache bookkeeping.
+Ctrl-C during an answer (or while its prompt is being processed) cancels it: the engine stops within one cycle or
+one prefill chunk, and the partial answer stays in the conversation.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import click
 
+from ..errors import EdgespecError
+from ..paths import data_dir
+from ..stats import summary_line
 from .common import load_engine, make_sampling, model_options, sampling_options
-from ..config import EdgespecError
 
 FENCE = '"""'
+HISTORY_TAIL_BYTES = 256 * 1024
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 HELP = f"""\
 Commands:
@@ -38,46 +43,6 @@ Multi-line input: a line with just {FENCE} starts a block, another {FENCE} line 
 Ctrl-C stops an answer and keeps what was written; at the prompt it clears the line, twice leaves."""
 
 
-def data_dir() -> Path:
-    env = os.environ.get("EDGESPEC_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("edgespec"))
-
-
-# --------------------------------------------------------------------------------------------- formatting
-def format_stats(stats: Any, *, interrupted: bool = False) -> str:
-    """One line: tokens, tok/s, μ, acceptance, draft/target split, prefill."""
-    t = stats.timings
-    parts = [f"{stats.n_generated} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
-    if stats.n_drafted:
-        parts.append(f"μ {stats.mu:.2f}")
-        parts.append(f"accepted {100 * stats.acceptance:.0f}%")
-    busy = t.draft + t.target
-    if busy > 0:
-        parts.append(f"draft {t.draft:.2f}s / target {t.target:.2f}s ({100 * t.draft / busy:.0f}/{100 * t.target / busy:.0f})")
-    parts.append(f"prefill {stats.n_prefill} tok {t.prefill:.2f}s")
-    reason = "interrupted" if interrupted else stats.stop_reason
-    if reason and reason != "eos":
-        parts.append(reason)
-    return "[" + " · ".join(parts) + "]"
-
-
-def format_totals(tot: Any) -> str:
-    parts = [f"{tot.turns} turn{'s' if tot.turns != 1 else ''}", f"{tot.n_generated} tokens", f"{tot.tokens_per_second:.1f} tok/s"]
-    if tot.n_drafted:
-        parts += [f"μ {tot.mu:.2f}", f"accepted {100 * tot.acceptance:.0f}%"]
-    parts.append(f"draft {tot.timings.draft:.2f}s / target {tot.timings.target:.2f}s")
-    parts.append(f"prefill {tot.n_prefill} of {tot.n_prompt} prompt tokens {tot.timings.prefill:.2f}s")
-    if tot.interrupted:
-        parts.append(f"{tot.interrupted} interrupted")
-    if tot.dropped_turns:
-        parts.append(f"{tot.dropped_turns} turns dropped for context")
-    return "session: " + ", ".join(parts)
-
-
 class Output:
     """stdout with styling only on a terminal (never escape codes in a pipe)."""
 
@@ -87,19 +52,16 @@ class Output:
 
     def write(self, text: str, **style: Any) -> None:
         click.echo(click.style(text, **style) if (self.tty and style) else text, nl=False)
+        sys.stdout.flush()
 
     def line(self, text: str = "", **style: Any) -> None:
-        self.write(text, **style)
-        click.echo("")
+        self.write(text + "\n", **style)
 
     def dim(self, text: str) -> None:
         self.line(text, dim=True)
 
     def chunk(self, text: str, from_draft: bool) -> None:
-        if self.show_draft and from_draft:
-            self.write(text, fg="cyan")
-        else:
-            self.write(text)
+        self.write(text, fg="cyan") if self.show_draft and from_draft else self.write(text)
 
 
 # --------------------------------------------------------------------------------------------- input
@@ -107,18 +69,57 @@ class _Interrupt(Exception):
     """Ctrl-C at an empty prompt."""
 
 
-def _tty_reader() -> Callable[[str], str]:
+def _history(notes: list[str]) -> Any:
+    """prompt_toolkit history backed by a file, reading only its tail; in memory when the file cannot be used."""
+    from prompt_toolkit.history import History, InMemoryHistory
+
+    path = data_dir() / "chat_history"
+
+    class TailFileHistory(History):
+        def load_history_strings(self) -> Iterable[str]:
+            with open(path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - HISTORY_TAIL_BYTES))
+                data = fh.read().decode("utf-8", "replace")
+            entries, lines = [], []
+            for line in data.splitlines():
+                if line.startswith("+"):
+                    lines.append(line[1:])
+                elif lines:
+                    entries.append("\n".join(lines))
+                    lines = []
+            if lines:
+                entries.append("\n".join(lines))
+            return list(reversed(entries))
+
+        def store_string(self, string: str) -> None:
+            try:
+                with open(path, "ab") as fh:
+                    fh.write(f"\n# {datetime.datetime.now()}\n".encode())
+                    for line in string.split("\n"):
+                        fh.write(f"+{line}\n".encode("utf-8", "replace"))
+            except OSError as e:
+                if not notes:
+                    notes.append(f"(input history not saved: {e.strerror or e})")
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            raise IsADirectoryError(21, f"{path} is not a file")
+        with open(path, "ab"):
+            pass
+        history = TailFileHistory()
+        list(history.load_history_strings())
+        return history
+    except OSError as e:
+        notes.append(f"(input history off: {path}: {e.strerror or e})")
+        return InMemoryHistory()
+
+
+def _tty_reader(notes: list[str]) -> Callable[[str], str]:
     from prompt_toolkit import PromptSession
-    from prompt_toolkit.history import FileHistory, InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings
 
-    history: Any
-    try:
-        d = data_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        history = FileHistory(str(d / "chat_history"))
-    except OSError:
-        history = InMemoryHistory()
     kb = KeyBindings()
 
     @kb.add("escape", "enter")
@@ -133,22 +134,23 @@ def _tty_reader() -> Callable[[str], str]:
         else:
             event.app.exit(exception=_Interrupt())
 
-    session: Any = PromptSession(history=history, key_bindings=kb, enable_history_search=False)
-
-    def read(prompt: str) -> str:
-        return session.prompt(prompt)
-
-    return read
+    session: Any = PromptSession(history=_history(notes), key_bindings=kb, enable_history_search=False)
+    return lambda prompt: session.prompt(prompt)
 
 
 def _pipe_reader() -> Callable[[str], str]:
-    stream = sys.stdin
+    stream = sys.stdin.buffer if sys.stdin is not None and hasattr(sys.stdin, "buffer") else None
 
     def read(prompt: str) -> str:
-        line = stream.readline()
-        if not line:
+        if stream is None:
             raise EOFError
-        return line.rstrip("\r\n")
+        try:
+            raw = stream.readline(MAX_LINE_BYTES)
+        except (OSError, ValueError):
+            raise EOFError from None
+        if not raw:
+            raise EOFError
+        return raw.decode("utf-8", "replace").rstrip("\r\n")
 
     return read
 
@@ -177,59 +179,57 @@ def read_message(read: Callable[[str], str], prompt: str, cont: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- generation
-class _SigintFlag:
-    """While active, SIGINT only sets `.hit`; the previous handler is restored on exit."""
+class _CancelOnSigint:
+    """While active, Ctrl-C cancels `turn` (the engine stops within a cycle or prefill chunk) instead of raising."""
 
     def __init__(self) -> None:
+        self.turn: Any = None
         self.hit = False
         self._old: Any = None
-        self._installed = False
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.hit = True
+        if self.turn is not None:
+            self.turn.cancel()
 
-    def __enter__(self) -> "_SigintFlag":
+    def __enter__(self) -> "_CancelOnSigint":
         try:
             self._old = signal.signal(signal.SIGINT, self._handler)
-            self._installed = True
-        except ValueError:  # not the main thread: no handler, no interruption
-            pass
+        except ValueError:  # not the main thread
+            self._old = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed:
+        if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
 
 
 def _answer(session: Any, text: str, out: Output) -> None:
     from ..chat import ChatContextError
 
-    # From here until the answer is recorded, Ctrl-C only raises a flag: the engine is never interrupted between
-    # a decode and its cache bookkeeping, and the session always records the (partial) answer.
-    with _SigintFlag() as flag:
+    with _CancelOnSigint() as guard:
         try:
             turn = session.send(text)
         except ChatContextError as e:
             out.dim(f"! {e}")
             return
+        guard.turn = turn
+        if guard.hit:
+            turn.cancel()
         if turn.notice:
             out.dim(f"({turn.notice})")
         try:
-            if not flag.hit:
-                for chunk in turn:
-                    out.chunk(chunk.text, chunk.from_draft)
-                    if flag.hit:
-                        break
+            for chunk in turn:
+                out.chunk(chunk.text, chunk.from_draft)
         finally:
-            turn.close()  # a no-op when it ran to the end; otherwise stops it and keeps the partial answer
+            turn.close()  # a no-op when it ran to the end; otherwise waits for the engine and keeps the partial answer
     out.line("")
-    out.dim(format_stats(turn.stats, interrupted=turn.interrupted))
+    line = summary_line(turn.stats)
+    out.dim(f"[{line.replace('stop: cancelled', 'interrupted')}]")
 
 
 def _command(session: Any, line: str, out: Output) -> bool:
     """Run a slash command; False means leave."""
-    from ..chat import ChatError
-
     name, _, arg = line.strip().partition(" ")
     arg = arg.strip()
     name = name.lower()
@@ -247,17 +247,17 @@ def _command(session: Any, line: str, out: Output) -> bool:
             session.set_system(arg)
             out.dim("(system prompt set; conversation cleared)")
     elif name == "/stats":
-        out.line(format_totals(session.totals))
+        tot = session.totals
+        line = f"session: {tot.runs} turn{'s' if tot.runs != 1 else ''} · " + summary_line(tot).split(" · ", 1)[1]
+        if session.dropped_turns:
+            line += f" · {session.dropped_turns} turns dropped for context"
+        out.line(line)
     elif name == "/save":
         if not arg:
             out.line("usage: /save FILE")
         else:
-            try:
-                p = session.save(arg)
-            except ChatError as e:
-                out.line(f"error: {e}")
-            else:
-                out.dim(f"(saved {len(session.messages)} messages to {p})")
+            p = session.save(arg)
+            out.dim(f"(saved {len(session.messages)} messages to {p})")
     else:
         out.line(f"unknown command {name}: try /help, /reset, /system TEXT, /stats, /save FILE, /exit")
     return True
@@ -299,7 +299,7 @@ def run_chat(session: Any, read: Callable[[str], str], out: Output, tty: bool) -
 @model_options
 @sampling_options
 @click.option("--system", "-s", default=None, help="System prompt.")
-@click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=1024, show_default=True, help="Most tokens per answer.")
+@click.option("--max-tokens", "-n", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Most tokens per answer.")
 @click.option("--show-draft", is_flag=True, help="Colour text that came from accepted draft tokens (terminal only).")
 @click.option("--pull", is_flag=True, help="Download the default model pair first if it is missing (edgespec models pull).")
 def chat(**kw: Any) -> None:
@@ -317,18 +317,22 @@ def chat(**kw: Any) -> None:
     if pull:
         _pull(kw.get("target"))
     out = Output(show_draft)
-    tty = sys.stdin.isatty()
+    tty = sys.stdin is not None and sys.stdin.isatty()
     with load_engine(kw) as eng:
-        session = ChatSession(eng, system=system, sampling=sampling, max_tokens=max_tokens)
+        session = ChatSession(eng, sampling=sampling, max_tokens=max_tokens)
+        if system:
+            session.set_system(system)
+        notes: list[str] = []
+        read = _tty_reader(notes) if tty else _pipe_reader()
         if tty:
             draft = f"draft {eng.draft.name}" if eng.draft is not None else f"drafter {eng.drafter_kind}"
             out.dim(
                 f"edgespec chat · target {eng.target.name} · {draft} · ctx {eng.target.n_ctx}"
                 " · /help for commands, Ctrl-D to leave"
             )
-        read = _tty_reader() if tty else _pipe_reader()
+            for note in notes:
+                out.dim(note)
         run_chat(session, read, out, tty)
-
 
 
 def _pull(target: str | None) -> None:
@@ -343,4 +347,4 @@ def _pull(target: str | None) -> None:
     models.pull(pair, progress=True)
 
 
-__all__ = ["chat", "run_chat", "read_message", "format_stats", "format_totals", "HELP"]
+__all__ = ["chat", "run_chat", "read_message", "HELP"]

@@ -1,18 +1,21 @@
-"""Options and helpers shared by the edgespec commands (generate, chat, bench): model and sampling options, engine
-loading from them, and the one-line stats summary. No command is defined here, so every command module can import
-it without import cycles."""
+"""Options and helpers shared by the edgespec commands: model and sampling options, engine loading from them,
+reading a prompt from stdin, writing to stdout safely. No command is defined here, so every command module can
+import it without import cycles."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable
 
 import click
 
-from ..config import EdgespecError, ModelSpec, SamplingParams, SpecConfig
+from ..config import MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig
+from ..errors import EdgespecError
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
+MAX_STDIN_BYTES = 64 * 1024 * 1024  # a prompt larger than this is certainly a mistake (a wrong file piped in)
 
 
 # --------------------------------------------------------------------------------------------- shared options
@@ -21,14 +24,15 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--target", "-m", envvar=TARGET_ENV, metavar="FILE|PAIR", help=f"Target GGUF (env {TARGET_ENV}; default: the default pair)."),
         click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram", help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone (same sampling code)."),
-        click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "model+ngram"]), default="auto", show_default=True, help="auto = model+ngram with a draft model, ngram without."),
-        click.option("--draft-max", type=click.IntRange(0, 64), default=8, show_default=True, help="Most tokens drafted per cycle."),
-        click.option("--fixed-k", is_flag=True, help="Always draft --draft-max tokens (no adaptive controller)."),
+        click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "model+ngram"]), default="auto", show_default=True,
+                     help="auto = model+ngram with a draft model (the lookup alone where the hardware gate says the draft model cannot pay), plain decoding without one."),
+        click.option("--draft-max", type=click.IntRange(0, 64), default=8, show_default=True, help="Most tokens the draft model drafts per cycle (0 = never speculate)."),
+        click.option("--fixed-k", is_flag=True, help="Always draft --draft-max tokens (no adaptive controller), n-gram lookups included."),
         click.option("--draft-temperature", type=click.FloatRange(min=0), default=None, help="Draft's own temperature (default: the target's)."),
-        click.option("--n-gpu-layers", "-ngl", type=click.IntRange(min=-1), default=0, show_default=True, help="Target layers offloaded to the GPU (-1 = all)."),
-        click.option("--draft-gpu-layers", type=click.IntRange(min=-1), default=None, help="Draft layers on the GPU (default: as --n-gpu-layers)."),
-        click.option("--threads", "-t", type=click.IntRange(min=1), default=None, help="CPU threads (default: all available cores)."),
-        click.option("--ctx", "n_ctx", type=click.IntRange(min=16), default=4096, show_default=True, help="Context window in tokens."),
+        click.option("--n-gpu-layers", "-ngl", type=click.IntRange(min=-1, max=100_000), default=0, show_default=True, help="Target layers offloaded to the GPU (-1 = all)."),
+        click.option("--draft-gpu-layers", type=click.IntRange(min=-1, max=100_000), default=None, help="Draft layers on the GPU (default: as --n-gpu-layers)."),
+        click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all available cores)."),
+        click.option("--ctx", "n_ctx", type=click.IntRange(16, MAX_CTX), default=4096, show_default=True, help="Context window in tokens."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -37,14 +41,14 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.8, show_default=True, help="0 = greedy."),
+        click.option("--temperature", "--temp", type=click.FloatRange(0, 1e6), default=0.8, show_default=True, help="0 = greedy."),
         click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = off."),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True),
         click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True),
-        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True),
-        click.option("--presence-penalty", type=float, default=0.0, show_default=True),
-        click.option("--frequency-penalty", type=float, default=0.0, show_default=True),
-        click.option("--seed", type=int, default=None, help="Random seed (default: fresh each run)."),
+        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True, max=1e6), default=1.0, show_default=True),
+        click.option("--presence-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
+        click.option("--frequency-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
+        click.option("--seed", type=click.IntRange(-1, MAX_SEED), default=None, help="Random seed (default or -1: fresh each run)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -52,6 +56,7 @@ def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def make_sampling(kw: dict[str, Any]) -> SamplingParams:
+    seed = kw.pop("seed")
     return SamplingParams(
         temperature=kw.pop("temperature"),
         top_k=kw.pop("top_k"),
@@ -60,13 +65,14 @@ def make_sampling(kw: dict[str, Any]) -> SamplingParams:
         repeat_penalty=kw.pop("repeat_penalty"),
         presence_penalty=kw.pop("presence_penalty"),
         frequency_penalty=kw.pop("frequency_penalty"),
-        seed=kw.pop("seed"),
+        seed=None if seed is None or seed < 0 else seed,
     )
 
 
-def load_engine(kw: dict[str, Any]) -> Any:
+def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     """Build an Engine from the model options (popped from kw)."""
     from ..engine import Engine
+    from ..gguf_check import check_pair, inspect_gguf
     from ..models import resolve_model
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
@@ -85,35 +91,63 @@ def load_engine(kw: dict[str, Any]) -> Any:
     elif draft == "ngram":
         drafter = "ngram"
     elif drafter != "ngram":
-        # An explicit --target without --draft means: that target, and the default draft only if none was given.
+        dpath = None
         if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
-            from ..models import ModelsError
+            # An explicit --target without --draft: the default pair's draft if it is there and fits, else the
+            # free n-gram lookup (said once on stderr).
+            from ..errors import ModelsError
 
             try:
                 dpath = resolve_model(None, "draft")
             except ModelsError:
                 dpath = None
+            if dpath is not None and not check_pair(inspect_gguf(tpath), inspect_gguf(dpath)).ok:
+                click.echo(f"note: the default draft does not fit {os.path.basename(tpath)}; using the n-gram lookup", err=True)
+                dpath = None
+                drafter = "ngram" if drafter == "auto" else drafter
         else:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
             dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx)
         elif drafter in ("model", "model+ngram"):
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
-        else:
-            drafter = "none"
+        elif drafter == "auto":
+            drafter = "ngram" if target is not None else "none"
     tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
-    return Engine.load(tspec, dspec, drafter=drafter, spec=spec)
+    return Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
 
 
-def stats_line(stats: Any) -> str:
-    s = stats
-    t = s.timings
-    parts = [f"{s.n_generated} tokens", f"{s.tokens_per_second:.1f} tok/s"]
-    if s.n_drafted:
-        parts.append(f"μ {s.mu:.2f} accepted/cycle")
-        parts.append(f"acceptance {100 * s.acceptance:.0f}%")
-    parts.append(f"draft {t.draft:.2f}s / target {t.target:.2f}s / overhead {t.overhead:.2f}s")
-    parts.append(f"prefill {s.n_prefill} tok {t.prefill:.2f}s")
-    if s.stop_reason:
-        parts.append(f"stop: {s.stop_reason}")
-    return " | ".join(parts)
+# --------------------------------------------------------------------------------------------- stdin / stdout
+def read_stdin_text() -> str:
+    """All of stdin as text: invalid UTF-8 becomes U+FFFD (never a traceback); a closed or unreadable stdin, or
+    more than MAX_STDIN_BYTES, is a one-line error."""
+    stream = sys.stdin
+    if stream is None:
+        raise click.UsageError("no PROMPT given and stdin is closed")
+    try:
+        raw = stream.buffer.read(MAX_STDIN_BYTES + 1) if hasattr(stream, "buffer") else stream.read(MAX_STDIN_BYTES + 1)
+    except (OSError, ValueError) as e:
+        raise click.UsageError(f"cannot read the prompt from stdin ({getattr(e, 'strerror', None) or e})") from None
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_STDIN_BYTES:
+        raise click.UsageError(f"the prompt on stdin is larger than {MAX_STDIN_BYTES // 2**20} MiB")
+    return raw.decode("utf-8", "replace")
+
+
+def out(text: str, *, nl: bool = True, err: bool = False) -> None:
+    """Write to stdout/stderr and flush: a write error (full disk, closed pipe) surfaces here, not at exit."""
+    click.echo(text, nl=nl, err=err)
+    (sys.stderr if err else sys.stdout).flush()
+
+
+__all__ = [
+    "TARGET_ENV",
+    "DRAFT_ENV",
+    "model_options",
+    "sampling_options",
+    "make_sampling",
+    "load_engine",
+    "read_stdin_text",
+    "out",
+]

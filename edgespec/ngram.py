@@ -1,4 +1,4 @@
-"""Prompt-lookup drafting: propose what followed the last time the context's ending appeared before.
+"""Prompt lookup: what followed the last time the context's ending appeared before. Pure Python, no model.
 
 For the context t_0..t_{L-1} and n from n_max down to n_min, look for an earlier occurrence of the suffix
 t_{L-n}..t_{L-1}; the first n that has one wins (the longest match), and among occurrences of that n-gram the
@@ -6,38 +6,35 @@ most recent one wins. For n = n_max the match is also extended backwards: among 
 occurrences, the one whose preceding tokens agree with the context's for longest wins (ties: the most recent),
 and that agreement, capped at `run_cap`, is the match's `run`. A long run means the text is being copied from
 its source (a rewrite, an edit, a repeated block) and the next tokens are very likely right; the n-gram policy
-(controller.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s,
+(policy.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s,
 t_{s+1}, ... (s = the position just after the occurrence). When the continuation runs into the end of the
 context it keeps copying from its own proposed tokens (period L - s), i.e. it predicts that a repeating
 pattern goes on repeating.
 
-Proposals are deterministic, so the engine treats each as a one-hot q (Proposal.q rows are None), which keeps
-the acceptance rule exact. No model is involved: drafting costs microseconds.
+Proposals are deterministic, so the speculator that uses this index (speculators.lookup) reports each as a
+one-hot q, which keeps the acceptance rule exact. A lookup costs microseconds.
 
 Index: one dict from n-gram (a tuple of n token ids, n_min <= n < n_max) to the position s of the token that
 followed its most recent occurrence, and one from n_max-grams to the list of such positions (the latest 2 x
 `candidates` at most). Appending token t_p at position p records, for each n, the n-gram t_{p-n}..t_{p-1} ->
 p; so the suffix of the context itself (which nothing follows yet) is never its own match. `extend` appends,
-`reset` rebuilds after a truncation, and `propose` does either by itself when handed a context that is not a
+`reset` rebuilds after a truncation, and `lookup` does either by itself (`sync`) when handed a context that is not a
 continuation of the one indexed.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
-
-from .base import KeepDrafting, Proposal
 
 
 @dataclass(frozen=True)
 class NgramMatch:
     """A lookup's result: the proposed tokens, the matched suffix length n (0 = no match), the position in
     the context of the first proposed token's source (-1 = no match), and the run: how many tokens before the
-    proposal the source agrees with the context (>= length; capped at the drafter's run_cap)."""
+    proposal the source agrees with the context (>= length; capped at the index's run_cap)."""
 
     tokens: list[int] = field(default_factory=list)
     length: int = 0
@@ -53,15 +50,12 @@ def _as_list(tokens: Sequence[int]) -> list[int]:
     return [int(t) for t in tokens]
 
 
-class NgramDrafter:
-    """Prompt-lookup decoding (see the module docstring).
+class NgramIndex:
+    """Prompt-lookup index (see the module docstring).
 
     `last_match` holds the latest lookup's NgramMatch; its `run` (longer = more reliable) is the cheap
     confidence signal the n-gram policy plans with.
     """
-
-    name = "ngram"
-    cost_per_token_hint = 0.0
 
     def __init__(self, n_max: int = 4, n_min: int = 1, *, run_cap: int = 64, candidates: int = 16) -> None:
         if n_min < 1 or n_max < n_min:
@@ -154,26 +148,4 @@ class NgramDrafter:
                     break
         return best, max(best_run, 0)
 
-    def propose(
-        self,
-        tokens: Sequence[int],
-        k: int,
-        rng: np.random.Generator | None = None,
-        keep_drafting: KeepDrafting | None = None,
-    ) -> Proposal:
-        """The Drafter protocol: up to k deterministic tokens (q rows None = one-hot), empty when nothing
-        matches. rng and keep_drafting are unused (the lookup is free and has no per-token confidence)."""
-        t0 = time.perf_counter()
-        match = self.lookup(tokens, k)
-        return Proposal(
-            tokens=list(match.tokens),
-            q=[None] * len(match.tokens),
-            source=self.name,
-            seconds=time.perf_counter() - t0,
-        )
-
-    def close(self) -> None:
-        self.reset()
-
-
-__all__ = ["NgramDrafter", "NgramMatch"]
+__all__ = ["NgramIndex", "NgramMatch"]

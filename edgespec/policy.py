@@ -1,194 +1,23 @@
-"""Adaptive draft length: choose k (0 = plain decoding) to maximise expected tokens per second.
+"""How much to draft: the draft-length policies the speculators use. Pure: timings are passed in, nothing reads
+a clock, nothing touches a model.
 
-One speculative cycle drafts k tokens and verifies k + 1 positions in one batched target decode.
-With a_j the chance that draft position j is accepted given that positions 1..j-1 were:
-
-    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j            expected tokens emitted by the cycle
-    T(k) = k * c_draft + c_verify(k + 1) + overhead      cycle time in seconds
-    E(0) = 1,  T(0) = c_verify(1) + overhead             plain decoding
-
-and the long-run rate of a policy that always drafts k is E(k) / T(k) tokens per second (renewal-reward
-theorem). `best_k` maximises it, `CostModel` holds c_draft, c_verify(n) and the overhead,
-`AcceptanceEstimator` estimates a_j online, and `Controller` ties them together: it decides k per cycle,
-falls back to plain decoding when drafting does not pay, re-probes now and then, and stops a draft early
-when the draft's own confidence says the next token is not worth its cost.
-
-Everything here is deterministic given its inputs: timings are passed in, nothing reads a clock.
+* `AcceptanceEstimator` estimates a_j (the chance draft position j is accepted given 1..j-1 were) online.
+* `Controller` plans a draft model's cycles: k per cycle from the cost model (costs.py) and the estimates, an early
+  stop inside the cycle from the draft's own confidence, and plain decoding with re-probes when drafting does not
+  pay.
+* `MatchLengthEstimator` + `NgramPolicy` plan n-gram lookups, whose draft length is chosen after the lookup from
+  how far the lookup's source agrees with the context (the match run).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import Counter
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from .config import SpecConfig
-
-# Rates within this relative distance count as a tie (broken towards the smaller k).
-_TIE_RTOL = 1e-12
-
-
-def expected_tokens(a: Sequence[float], k: int) -> float:
-    """E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j: expected tokens emitted by a cycle that drafts k tokens.
-
-    The 1 is the token the target always contributes (the correction at the first rejection, or the bonus
-    token after k acceptances).
-    """
-    if k < 0 or k > len(a):
-        raise ValueError(f"k must be in [0, {len(a)}], got {k}")
-    total, run = 1.0, 1.0
-    for j in range(k):
-        run *= float(a[j])
-        total += run
-    return total
-
-
-class CostModel:
-    """Seconds per cycle: T(k) = k * c_draft + verify(k + 1) + overhead.
-
-    verify(n) is the time of one batched target decode of n tokens, calibrated from measurements
-    {n: seconds}. Between measured sizes it interpolates linearly; above the largest it extrapolates along
-    the line through the last two points; below the smallest along the line through the first two, but
-    never below v(n0) * n / n0 (batching never makes a token dearer than decoding it in a smaller batch).
-    Measured values are made monotone non-decreasing in n (a running maximum), so noise can never make a
-    larger batch look cheaper. With a single measurement, verify is flat above it (GPU-like) until other
-    sizes are observed.
-
-    update_verify / update_draft / update_overhead refine the model online with an exponential moving
-    average, x <- (1 - alpha) x + alpha * measured, kept per batch size n; the first measurement of a size
-    that was not calibrated is taken as is.
-    """
-
-    def __init__(
-        self,
-        verify_seconds: Mapping[int, float],
-        c_draft: float = 0.0,
-        overhead: float = 0.0,
-        alpha: float = 0.2,
-        frozen: bool = False,
-    ) -> None:
-        if not verify_seconds:
-            raise ValueError("verify_seconds needs at least one measurement {n: seconds}")
-        if not (0.0 < alpha <= 1.0):
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        if c_draft < 0 or overhead < 0:
-            raise ValueError("c_draft and overhead must be >= 0")
-        self._points: dict[int, float] = {}
-        for n, s in verify_seconds.items():
-            if int(n) < 1 or not (s > 0):
-                raise ValueError(f"verify measurements need n >= 1 and seconds > 0, got {n}: {s}")
-            self._points[int(n)] = float(s)
-        self.c_draft = float(c_draft)
-        self.overhead = float(overhead)
-        self.alpha = float(alpha)
-        # frozen: ignore online measurements, so decisions depend only on acceptance outcomes (seeded runs are
-        # then reproducible: the same seed gives the same draft lengths and therefore the same tokens).
-        self.frozen = frozen
-        self._rebuild()
-
-    @classmethod
-    def from_relative(
-        cls,
-        c_token: float,
-        relative: Mapping[int, float],
-        c_draft: float = 0.0,
-        overhead: float = 0.0,
-        alpha: float = 0.2,
-    ) -> "CostModel":
-        """Build from the single-token time and batch costs relative to it, e.g. {1: 1, 4: 1.7, 8: 3.4}."""
-        return cls({n: c_token * r for n, r in relative.items()}, c_draft, overhead, alpha)
-
-    def _rebuild(self) -> None:
-        ns = sorted(self._points)
-        self._ns = np.array(ns, dtype=float)
-        self._vs = np.maximum.accumulate(np.array([self._points[n] for n in ns], dtype=float))
-
-    @property
-    def points(self) -> dict[int, float]:
-        """The current (monotone) verify measurements {n: seconds}."""
-        return {int(n): float(v) for n, v in zip(self._ns, self._vs)}
-
-    def verify(self, n: int) -> float:
-        """Seconds for one target decode of a batch of n tokens."""
-        if n < 1:
-            raise ValueError(f"batch size must be >= 1, got {n}")
-        ns, vs = self._ns, self._vs
-        if len(ns) == 1:
-            return float(vs[0] if n >= ns[0] else vs[0] * n / ns[0])
-        if n <= ns[0]:
-            slope = (vs[1] - vs[0]) / (ns[1] - ns[0])
-            return float(max(vs[0] - (ns[0] - n) * slope, vs[0] * n / ns[0]))
-        if n >= ns[-1]:
-            slope = (vs[-1] - vs[-2]) / (ns[-1] - ns[-2])
-            return float(vs[-1] + (n - ns[-1]) * slope)
-        return float(np.interp(n, ns, vs))
-
-    def cycle_time(self, k: int) -> float:
-        """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step."""
-        return k * self.c_draft + self.verify(k + 1) + self.overhead
-
-    def _ema(self, old: float, new: float) -> float:
-        return (1.0 - self.alpha) * old + self.alpha * new
-
-    def update_verify(self, n: int, seconds: float) -> None:
-        """Fold in one measured target decode of n tokens."""
-        if self.frozen or n < 1 or not (seconds > 0):
-            return
-        # Robust to outliers (a hiccup of the machine): a measurement counts at most twice the current estimate,
-        # and a batch size seen for the first time starts from the interpolated curve, not from its first timing.
-        # Otherwise one stalled decode would, through the monotone envelope, make every larger batch look dear.
-        old = self._points.get(n)
-        if old is None:
-            old = self.verify(n)
-        self._points[n] = self._ema(old, min(float(seconds), 2.0 * old))
-        self._rebuild()
-
-    def update_draft(self, seconds_per_token: float) -> None:
-        """Fold in one measured draft time per drafted token."""
-        if not self.frozen and seconds_per_token >= 0:
-            # same outlier clamp as verify: a cycle that also caught the draft up on a long prompt must not make
-            # drafting look dear for the rest of the generation
-            cap = 2.0 * self.c_draft if self.c_draft > 0 else float(seconds_per_token)
-            self.c_draft = self._ema(self.c_draft, min(float(seconds_per_token), cap))
-
-    def update_overhead(self, seconds: float) -> None:
-        """Fold in one measured per-cycle overhead (sampling, acceptance, bookkeeping)."""
-        if not self.frozen and seconds >= 0:
-            self.overhead = self._ema(self.overhead, float(seconds))
-
-
-def _rates(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, float]:
-    """{k: E(k) / T(k)} for k = 0 and k_min..k_max (k_max clipped to len(a))."""
-    k_max = min(k_max, len(a))
-    rates = {0: 1.0 / cost.cycle_time(0)}
-    run, e = 1.0, 1.0
-    for k in range(1, k_max + 1):
-        run *= float(a[k - 1])
-        e += run
-        if k >= k_min:
-            rates[k] = e / cost.cycle_time(k)
-    return rates
-
-
-def best_k(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> int:
-    """argmax over k in {0} ∪ [k_min, k_max] of E(k) / T(k); k = 0 is plain decoding (E = 1).
-
-    Ties (rates within a relative 1e-12) go to the smaller k. k_max is clipped to len(a).
-    """
-    return _argmax(_rates(a, cost, k_max, k_min))
-
-
-def _argmax(rates: Mapping[int, float]) -> int:
-    """The k of the highest rate; near-ties (relative 1e-12) go to the smaller k."""
-    top = max(rates.values())
-    return min(k for k, r in rates.items() if r >= top * (1.0 - _TIE_RTOL))
-
-
-def best_rate(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> float:
-    """max over k in {0} ∪ [k_min, k_max] of E(k) / T(k), in tokens per second."""
-    return max(_rates(a, cost, k_max, k_min).values())
+from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
 class AcceptanceEstimator:
@@ -267,14 +96,16 @@ class Controller:
     resets the interval, below it counts as one more failed probe. With spec.adaptive False it always
     drafts spec.draft_max and never stops early.
 
-    draft_is_free pins cost.c_draft to 0 and ignores t_draft (an n-gram lookup).
+    The hardware gate (costs.draft_model_pays) is asked on every next_k, from the live cost model: a drafter that
+    cannot pay on this machine drafts nothing (no probes either), and one that the curve later shows can pay is
+    used from then on. When the cost model is frozen (seeded runs) run times are judged on the model's cycle times,
+    never on the clock, so the same seed makes the same decisions.
     """
 
     def __init__(
         self,
         spec: SpecConfig,
         cost: CostModel,
-        draft_is_free: bool = False,
         *,
         estimator: AcceptanceEstimator | None = None,
         probe_k: int = 2,
@@ -290,9 +121,6 @@ class Controller:
             raise ValueError(f"confidence_weight must be in [0, 1], got {confidence_weight}")
         self.spec = spec
         self.cost = cost
-        self.draft_is_free = draft_is_free
-        if draft_is_free:  # drafting costs nothing: pin c_draft (of this cost model) to 0
-            cost.c_draft = 0.0
         k_cap = max(spec.draft_max, 1)
         self.estimator = estimator if estimator is not None else AcceptanceEstimator(k_cap)
         if self.estimator.k_max < spec.draft_max:
@@ -301,12 +129,9 @@ class Controller:
         self.base_interval = probe_interval
         self.max_interval = max_probe_interval
         self.confidence_weight = confidence_weight
-        # Hardware check: even if every position were accepted with probability optimistic_a, could drafting beat
-        # plain decoding by min_gain? A costly drafter on compute-bound hardware (a 0.5B draft for a 1.5B target on
-        # a 2-core CPU: a 4-token verify costs ~2x one token) cannot; probing it would only cost time (the draft
-        # must also catch up on every token it skipped), so it is switched off. Free drafters are never switched off.
-        self.ceiling = best_rate([optimistic_a] * spec.draft_max, cost, spec.draft_max, spec.draft_min) * cost.cycle_time(0) if spec.draft_max else 1.0
-        self.disabled = bool(spec.adaptive and not draft_is_free and self.ceiling < 1.0 + min_gain)
+        self.optimistic_a = optimistic_a
+        self.min_gain = min_gain
+        self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
         self._interval = probe_interval
@@ -427,8 +252,7 @@ class Controller:
         self.cost.update_verify(n_drafted + 1, t_verify)
         if n_drafted == 0:  # a plain step: next_k already counted it
             return
-        if not self.draft_is_free:
-            self.cost.update_draft(t_draft / n_drafted)
+        self.cost.update_draft(t_draft / n_drafted)
         self.estimator.update(n_drafted, n_accepted)
         if not self.spec.adaptive:
             return
@@ -440,7 +264,27 @@ class Controller:
                 self._probe_failed()
                 return
         self._run_tokens += n_accepted + 1
-        self._run_seconds += t_draft + t_verify + self.cost.overhead
+        # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
+        self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
+
+    @property
+    def ceiling(self) -> float:
+        """The best speedup this drafter could reach on the current costs at optimistic_a acceptance."""
+        return speculation_ceiling(self.cost, self.spec.draft_max, self.spec.draft_min, self.optimistic_a)
+
+    @property
+    def disabled(self) -> bool:
+        """The hardware gate on the current costs (cached per curve version and draft cost); never with a fixed
+        draft length, which is always obeyed."""
+        if not self.spec.adaptive:
+            return False
+        key = (self.cost.curve.version, self.cost.c_draft)
+        if self._gate is None or self._gate[0] != key:
+            pays = draft_model_pays(
+                self.cost, self.spec.draft_max, self.spec.draft_min, optimistic_a=self.optimistic_a, min_gain=self.min_gain
+            )
+            self._gate = (key, not pays)
+        return self._gate[1]
 
     def _probe_failed(self) -> None:
         self.failed_probes += 1
@@ -581,9 +425,10 @@ class NgramPolicy:
         if min_gain < 0:
             raise ValueError(f"min_gain must be >= 0, got {min_gain}")
         self.spec = spec
-        self.cost = cost
         self.min_gain = min_gain
-        cost.c_draft = 0.0
+        if cost.c_draft:  # a lookup is free: plan on a zero-draft-cost view of the same curve
+            cost = cost.view(0.0)
+        self.cost = cost
         self.estimator = estimator if estimator is not None else MatchLengthEstimator()
         self.k_max = spec.ngram_draft_max if spec.adaptive else spec.draft_max
         self.decisions: Counter[int] = Counter()
@@ -601,9 +446,9 @@ class NgramPolicy:
         if not self.spec.adaptive:
             k = k_cap
         else:
-            rates = _rates(self.estimator.rates(run, k_cap), self.cost, k_cap, min(self.spec.draft_min, k_cap))
-            k = _argmax(rates)
-            if k and rates[k] < (1.0 + self.min_gain) * rates[0]:
+            table = rates(self.estimator.rates(run, k_cap), self.cost, k_cap, min(self.spec.draft_min, k_cap))
+            k = argmax_rate(table)
+            if k and table[k] < (1.0 + self.min_gain) * table[0]:
                 k = 0  # the expected gain is within the margin: not worth the risk of a costlier verify
         self.decisions[k] += 1
         return k
@@ -643,13 +488,4 @@ class NgramPolicy:
         }
 
 
-__all__ = [
-    "expected_tokens",
-    "CostModel",
-    "best_k",
-    "best_rate",
-    "AcceptanceEstimator",
-    "Controller",
-    "MatchLengthEstimator",
-    "NgramPolicy",
-]
+__all__ = ["AcceptanceEstimator", "Controller", "MatchLengthEstimator", "NgramPolicy"]

@@ -1,0 +1,46 @@
+"""`edgespec info FILE [DRAFT]`: what a GGUF file is, and whether two files can be paired."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .common import out
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info(files: tuple[str, ...], as_json: bool) -> None:
+    """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired."""
+    from ..gguf_check import check_pair, inspect_gguf
+
+    if len(files) > 2:
+        raise click.UsageError("give one file, or two (target then draft)")
+    infos = [inspect_gguf(f) for f in files]
+    result: dict[str, Any] = {"files": [i.summary() for i in infos]}
+    if len(infos) == 2:
+        c = check_pair(infos[0], infos[1])
+        result["compatible"] = c.ok
+        result["problems"] = list(c.problems)
+    if as_json:
+        out(json.dumps(result, indent=2))
+    else:
+        for i in infos:
+            s = i.summary()
+            out(f"{s['path']}")
+            out(f"  name          {s['name']}")
+            out(f"  architecture  {s['architecture']}")
+            out(f"  parameters    {s['parameters'] / 1e9:.3f} B ({s['parameters']:,})")
+            out(f"  quantization  {s['quantization']}  ({', '.join(f'{k}×{v}' for k, v in sorted(s['tensor_types'].items()))})")
+            out(f"  file size     {s['file_size'] / 2**20:.1f} MiB")
+            out(f"  context       {s['context_length']}")
+            out(f"  vocabulary    {s['vocab_size']} tokens ({s['tokenizer']}, pre {s['tokenizer_pre']}), bos {s['bos_token_id']}, eos {s['eos_token_id']}, add_bos {s['add_bos_token']}")
+            out(f"  chat template {'yes' if s['chat_template'] else 'no (ChatML fallback)'}")
+        if len(infos) == 2:
+            out("pair: " + ("compatible" if result["compatible"] else "INCOMPATIBLE: " + "; ".join(result["problems"])))
+    if len(infos) == 2 and not result["compatible"]:
+        sys.exit(1)

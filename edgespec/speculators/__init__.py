@@ -1,0 +1,66 @@
+"""Drafting strategies, one object each (see base.py for the contract), and the one function that builds them.
+
+    model        a draft GGUF model; its Controller picks k per cycle and stops drafts early
+    ngram        prompt lookup; its NgramPolicy picks k after the lookup from the match run
+    model+ngram  the lookup when it has a proposal worth verifying, the draft model otherwise
+    none         plain decoding
+"""
+
+from __future__ import annotations
+
+from ..config import SamplingParams, SpecConfig
+from ..costs import CostModel, draft_model_pays
+from ..ngram import NgramIndex
+from ..policy import Controller, NgramPolicy
+from .base import Outcome, Proposal, Speculator
+from .hybrid import HybridSpeculator
+from .lookup import LookupSpeculator
+from .model import DraftModel, ModelSpeculator
+
+KINDS = ("model", "ngram", "model+ngram", "none")
+
+
+def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel) -> bool:
+    """Whether a speculator of this kind would run the draft model at all on these costs: never for "ngram" and
+    "none"; for the others only where the hardware gate says a draft model can pay (or the draft length is fixed)."""
+    if kind not in ("model", "model+ngram") or spec.draft_max == 0:
+        return False
+    return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min)
+
+
+def make_speculator(
+    kind: str,
+    spec: SpecConfig,
+    sampling: SamplingParams,
+    cost: CostModel,
+    draft_model: DraftModel | None = None,
+) -> Speculator | None:
+    """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
+    model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
+    pay on this hardware, "model+ngram" is the lookup alone and "model" is plain decoding: the draft does no work."""
+    if kind not in KINDS:
+        raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "none" or spec.draft_max == 0:
+        return None
+    lookup = None
+    if kind in ("ngram", "model+ngram"):
+        lookup = LookupSpeculator(NgramIndex(spec.ngram_n_max, spec.ngram_n_min), NgramPolicy(spec, cost.view(0.0)))
+    if not model_draft_used(kind, spec, cost):
+        return lookup
+    if draft_model is None:
+        raise ValueError(f"speculator {kind!r} needs a draft model")
+    model = ModelSpeculator(draft_model, sampling, Controller(spec, cost), spec.draft_temperature)
+    return model if lookup is None else HybridSpeculator(model, lookup)
+
+
+__all__ = [
+    "KINDS",
+    "Proposal",
+    "Outcome",
+    "Speculator",
+    "ModelSpeculator",
+    "LookupSpeculator",
+    "HybridSpeculator",
+    "make_speculator",
+    "model_draft_used",
+]

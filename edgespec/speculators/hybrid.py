@@ -1,0 +1,45 @@
+""""model+ngram": an n-gram proposal when the lookup finds one its policy wants to verify (free), the draft model
+otherwise. Each part learns only from its own cycles; plain cycles teach both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import Outcome, Proposal
+from .lookup import LookupSpeculator
+from .model import ModelSpeculator
+
+
+class HybridSpeculator:
+    name = "model+ngram"
+
+    def __init__(self, model: ModelSpeculator, lookup: LookupSpeculator) -> None:
+        self.model, self.lookup = model, lookup
+        self._last: str | None = None
+
+    def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator) -> Proposal:
+        p = self.lookup.propose(context, budget, rng)
+        if not p.tokens:
+            p = self.model.propose(context, budget, rng)
+        self._last = p.source if p.tokens else None
+        return p
+
+    def observe(self, outcome: Outcome) -> None:
+        if self._last == "ngram":
+            self.lookup.observe(outcome)
+        elif self._last == "model":
+            self.model.observe(outcome)
+            self.lookup.observe_foreign(outcome)
+        else:  # a plain step: both count it (its timing goes into the shared verify curve once)
+            self.model.observe(outcome)
+            self.lookup.observe(replace(outcome, t_verify=0.0))
+        self._last = None
+
+    def stats(self) -> dict[str, Any]:
+        return {"model": self.model.stats(), "ngram": self.lookup.stats()}
+
+
+__all__ = ["HybridSpeculator"]

@@ -1,0 +1,116 @@
+"""A draft model as a speculator: it samples each token from its own warped distribution q and reports that q;
+a `Controller` (policy.py) decides how many tokens each cycle drafts and stops a draft early when the draft's own
+confidence says the next token is not worth its cost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from ..config import SamplingParams
+from ..policy import Controller
+from ..sampling import greedy as greedy_token
+from ..sampling import PositionalUniforms, sample, sample_at, warp
+from .base import Outcome, Proposal
+
+
+class DraftModel(Protocol):
+    """What the speculator needs from a model (backend.Model has it)."""
+
+    n_ctx: int
+    n_vocab: int
+
+    @property
+    def n_past(self) -> int: ...
+
+    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray: ...
+
+    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray: ...
+
+    def is_eog(self, token: int) -> bool: ...
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits): the model's confidence in its argmax (temperature 1, no filters)."""
+    m = float(logits.max())
+    return 1.0 / float(np.exp(logits - m, dtype=np.float32).sum(dtype=np.float64))
+
+
+class ModelSpeculator:
+    """Drafts with a small model that shares the target's tokenizer.
+
+    The draft's KV cache follows the conversation through `sync` (common-prefix reuse): each cycle it decodes only
+    the tokens it has not seen, then one token per drafted position. Drafting stops at an end-of-generation token,
+    at k, or when the controller's keep_drafting says the next token is unlikely to pay.
+
+    Sampling: with temperature 0 (the target's, or the draft's own) drafts are greedy and reported as
+    deterministic (q = None); otherwise d_i ~ q_i = warp(draft logits, draft settings) and q_i is reported exactly.
+    A seeded generation (PositionalUniforms) samples d_i with the uniform of its position, the one the target's
+    own sample there uses.
+
+    A context token the draft's vocabulary lacks (vocabularies may differ by up to 128 ids) can never be fed to
+    the draft: from then on this speculator drafts nothing.
+    """
+
+    name = "model"
+
+    def __init__(
+        self, model: DraftModel, sampling: SamplingParams, controller: Controller, draft_temperature: float | None = None
+    ) -> None:
+        self.model = model
+        self.controller = controller
+        self.params = sampling if draft_temperature is None else replace(sampling, temperature=draft_temperature)
+        self._checked = 0  # context tokens already checked against the draft's vocabulary
+        self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
+
+    # -- the contract -------------------------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
+        if self._has_foreign(context):
+            return Proposal()
+        # the draft decodes context + d_1..d_{k-1}: that must fit its own context window
+        k = min(self.controller.next_k(), budget, self.model.n_ctx - len(context) + 1)
+        if k <= 0:
+            return Proposal()
+        return self._draft(context, k, rng)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.controller.observe(outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify)
+
+    def stats(self) -> dict[str, Any]:
+        return self.controller.stats()
+
+    # -- drafting -----------------------------------------------------------------------------------------------
+    def _has_foreign(self, context: Sequence[int]) -> bool:
+        if not self.foreign and len(context) > self._checked:
+            if max(context[self._checked :]) >= self.model.n_vocab:
+                self.foreign = True
+            self._checked = len(context)
+        return self.foreign
+
+    def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
+        prop = Proposal(source=self.name)
+        logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
+        history = list(context)
+        greedy = self.params.greedy
+        for i in range(1, k + 1):
+            if greedy:
+                d = greedy_token(logits, self.params, history)
+                q_row = None
+                conf = top_probability(logits)
+            else:
+                q_row = warp(logits, self.params, history)
+                # seeded: the uniform of this position, shared with the target's own sample there
+                d = sample_at(q_row, rng.at(len(history))) if isinstance(rng, PositionalUniforms) else sample(q_row, rng)
+                conf = float(q_row[d])
+            prop.tokens.append(d)
+            prop.q.append(q_row)
+            history.append(d)
+            if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf):
+                break
+            logits = self.model.decode([d], self.model.n_past, (0,))[0]
+        return prop
+
+
+__all__ = ["DraftModel", "ModelSpeculator", "top_probability"]
