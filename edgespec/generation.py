@@ -1,0 +1,269 @@
+"""Generations as jobs: the worker thread that owns the llama.cpp contexts, its FIFO queue, and the handle a caller
+holds (`Generation`: iterate, `async for`, cancel, close, result). No llama.cpp here: the engine gives the worker
+callables to run.
+
+Threads: the worker runs one job at a time; everything a caller touches on a handle is guarded by the job's lock
+and its `done` event, so handles may be used from any thread (and from an asyncio loop: iteration there waits
+without blocking the loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError, EngineClosedError, QueueFullError
+from .stats import GenerationStats
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed text. `from_draft` is True when every token behind it was a draft token the target
+    accepted (for --show-draft colouring)."""
+
+    text: str
+    tokens: list[int]
+    from_draft: bool
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
+
+
+# --------------------------------------------------------------------------------------------- jobs
+class Job:
+    """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
+
+    def __init__(self, run: Callable[["Job"], Any]) -> None:
+        self._run = run
+        self.cancel_event = threading.Event()
+        self.done = threading.Event()
+        self.started = False
+        self.error: BaseException | None = None
+        self.value: Any = None
+        self.enqueued = time.perf_counter()
+        self.started_at = 0.0
+        self.lock = threading.Condition()
+        self.items: collections.deque[Chunk] = collections.deque()
+        self.wakers: list[Callable[[], None]] = []
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+        self._wake()
+
+    def push(self, chunk: Chunk) -> None:
+        with self.lock:
+            self.items.append(chunk)
+            self.lock.notify_all()
+        self._wake()
+
+    def run(self) -> None:
+        self.started = True
+        self.started_at = time.perf_counter()
+        try:
+            self.value = self._run(self)
+        except BaseException as e:  # the caller gets it; the worker lives on
+            self.error = e
+        finally:
+            self.finish()
+
+    def finish(self) -> None:
+        with self.lock:
+            self.done.set()
+            self.lock.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        for w in list(self.wakers):
+            w()
+
+
+class Worker:
+    """One thread, one FIFO queue of jobs. A cancelled queued job never starts."""
+
+    def __init__(self, max_queue: int | None) -> None:
+        self.max_queue = max_queue
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.current: Job | None = None
+        self.thread = threading.Thread(target=self._loop, name="edgespec-engine", daemon=True)
+        self.thread.start()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return sum(1 for j in self._queue if not j.cancel_event.is_set())
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is closed; load a new one")
+            if threading.current_thread() is self.thread:
+                raise ConfigError("a generation cannot be started from inside an engine callback")
+            if self.max_queue is not None and sum(1 for j in self._queue if not j.cancel_event.is_set()) >= self.max_queue:
+                raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closed and drained
+                job = self._queue.popleft()
+                self.current = job
+            try:
+                if job.cancel_event.is_set():
+                    job.finish()  # its client left before it started
+                else:
+                    job.run()
+            finally:
+                with self._cond:
+                    self.current = None
+                    self._cond.notify_all()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            for job in self._queue:
+                job.cancel()
+            if self.current is not None:
+                self.current.cancel()
+            self._cond.notify_all()
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+
+
+def shutdown(worker: "Worker", models: list[Any]) -> None:
+    """Stop the worker, then free the models (never while a job runs on them)."""
+    worker.shutdown()
+    for m in models:
+        m.close()
+
+
+# --------------------------------------------------------------------------------------------- the handle
+class Generation:
+    """A queued or running generation. Iterate it for Chunks (sync or `async for`); `.text`, `.token_ids` and
+    `.stats` describe what was generated so far, `result()` waits for the end. `cancel()` works from any thread;
+    `close()` cancels and waits until the engine has let go of it. Dropping the handle cancels it."""
+
+    def __init__(self, job: Job, ids: list[int], stats: GenerationStats, texts: list[str]) -> None:
+        self._job = job
+        self._ids = ids
+        self._texts = texts
+        self.stats = stats
+        self._finalizer = weakref.finalize(self, job.cancel)
+
+    # -- control
+    def cancel(self) -> None:
+        """Stop generating (within one cycle, or one prefill chunk); a queued generation never starts."""
+        self._job.cancel()
+
+    def close(self) -> None:
+        """Cancel and wait until the generation has ended (its tokens and stats are final then)."""
+        self._job.cancel()
+        self.wait()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the generation has ended; False if `timeout` passed first."""
+        return self._job.done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._job.done.is_set()
+
+    def result(self, timeout: float | None = None) -> Result:
+        """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
+        raised)."""
+        try:
+            if not self._job.done.wait(timeout):
+                raise TimeoutError("the generation did not finish in time")
+        except BaseException:
+            if not self._job.done.is_set():
+                self._job.cancel()
+            raise
+        if self._job.error is not None:
+            raise self._job.error
+        return Result(self.text, list(self._ids), self.stats, self.finish_reason)
+
+    # -- what was generated
+    @property
+    def text(self) -> str:
+        with self._job.lock:
+            return "".join(self._texts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        with self._job.lock:
+            return list(self._ids)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.stop_reason
+
+    # -- iteration
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> Chunk:
+        job = self._job
+        try:
+            with job.lock:
+                while not job.items and not job.done.is_set():
+                    job.lock.wait()
+                if job.items:
+                    return job.items.popleft()
+        except BaseException:  # Ctrl-C while waiting: stop the work too
+            job.cancel()
+            raise
+        if job.error is not None:
+            raise job.error
+        raise StopIteration
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        job = self._job
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(event.set)
+
+        job.wakers.append(wake)
+        try:
+            while True:
+                event.clear()
+                with job.lock:
+                    if job.items:
+                        return job.items.popleft()
+                    ended = job.done.is_set()
+                if ended:
+                    if job.error is not None:
+                        raise job.error
+                    raise StopAsyncIteration
+                await event.wait()
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        finally:
+            job.wakers.remove(wake)
+
+
+__all__ = ["Chunk", "Result", "Job", "Worker", "Generation", "shutdown"]
