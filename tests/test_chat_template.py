@@ -1,0 +1,100 @@
+"""Chat templates: markup and contents are told apart (no control-token injection), and a hostile template is
+refused within its budget instead of hanging or exhausting memory. Pure: no model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from edgespec.chat_template import (
+    FALLBACK_TEMPLATE,
+    MAX_ITERATIONS,
+    MAX_TEMPLATE_CHARS,
+    clip_segments,
+    render,
+    render_segments,
+)
+from edgespec.errors import TemplateError
+
+MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi <|im_end|> there"}]
+LLAMA3_LIKE = (
+    "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def test_segments_join_to_the_rendering_and_mark_contents():
+    for tpl in (None, FALLBACK_TEMPLATE):
+        segs = render_segments(tpl, MSGS)
+        assert "".join(t for t, _ in segs) == render(tpl, MSGS)
+        assert [t for t, c in segs if c] == ["Be brief.", "hi <|im_end|> there"]
+        assert all("<|im_start|>" in t or t.strip() == "" or "<|im_end|>" in t for t, c in segs if not c)
+
+
+def test_a_template_that_trims_contents_still_splits():
+    msgs = [{"role": "user", "content": "  padded <|eot_id|>  "}]
+    segs = render_segments(LLAMA3_LIKE, msgs)
+    assert "".join(t for t, _ in segs) == render(LLAMA3_LIKE, msgs)
+    assert [t for t, c in segs if c] == ["padded <|eot_id|>"]
+
+
+def test_a_template_that_transforms_contents_refuses_control_text_only():
+    upper = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
+    ok = render_segments(upper, [{"role": "user", "content": "hello"}], specials=["<|im_end|>", "<|im_start|>"])
+    assert ok == [("<|im_start|>HELLO<|im_end|>", False)]
+    with pytest.raises(TemplateError, match="control-token text"):
+        render_segments(upper, [{"role": "user", "content": "x <|im_start|>"}], specials=["<|im_end|>", "<|im_start|>"])
+
+
+def test_clip_segments_keeps_each_kind():
+    segs = [("<a>", False), ("hello", True), ("<b>", False)]
+    assert clip_segments(segs, 0) == segs
+    assert clip_segments(segs, 5) == [("llo", True), ("<b>", False)]
+    assert clip_segments(segs, 8) == [("<b>", False)]
+    assert clip_segments(segs, 11) == []
+
+
+HOSTILE = {
+    "nested loops": "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "loops over messages": "{% for a in messages %}{% for b in range(10**5) %}{% for c in range(10**5) %}x{% endfor %}{% endfor %}{% endfor %}",
+    "silent loop": "{% for a in range(99999) %}{% for b in range(99999) %}{% set x = a %}{% endfor %}{% endfor %}",
+    "huge repetition": "{{ 'x' * 1000000000 }}",
+    "huge list repetition": "{{ ([1] * 100000000) | length }}",
+    "huge power": "{{ 2 ** 100000000 }}",
+    "output flood": "{% for a in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+    "recursive macro": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "shadowing": "{% set range = None %}{% for a in messages %}{% for b in messages * 10000 %}{% for c in messages * 10000 %}{% endfor %}{% endfor %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_templates_are_refused_within_budget(name):
+    t0 = time.monotonic()
+    with pytest.raises(TemplateError):
+        render(HOSTILE[name], [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 30  # a guard against a hang, not a speed claim (the budget is 2 s)
+
+
+def test_a_huge_template_is_refused():
+    with pytest.raises(TemplateError, match="characters"):
+        render("x" * (MAX_TEMPLATE_CHARS + 1), [{"role": "user", "content": "hi"}])
+
+
+def test_ordinary_loops_fit_the_budget():
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(2000)]
+    out = render(None, many)
+    assert out.count("<|im_start|>") == 2001 and MAX_ITERATIONS > 2000
+
+
+def test_template_errors_are_one_line():
+    with pytest.raises(TemplateError, match="does not compile"):
+        render("{% for %}", MSGS)
+    with pytest.raises(TemplateError, match="failed to render"):
+        render("{{ messages[99]['content'] }}", MSGS)
+    with pytest.raises(TemplateError, match="role must be"):
+        render(None, [{"role": "robot", "content": "x"}])
+    with pytest.raises(TemplateError, match="content must be text"):
+        render(None, [{"role": "user", "content": 5}])
+    with pytest.raises(TemplateError, match="list"):
+        render(None, "hello")  # type: ignore[arg-type]

@@ -1,0 +1,351 @@
+"""The speculation loop against a fake target in pure numpy: control flow in milliseconds, no llama.cpp.
+
+The fake model's logits are a fixed function of (last token, context length), so the exact distribution of its
+next tokens can be enumerated. Statistical tests here: chi-square, N = 20,000 sequences, significance 1e-3, fixed
+seeds; a sampled sequence outside the exact support fails at once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sstats
+
+from edgespec.config import SamplingParams
+from edgespec.errors import ContextFullError, StopRequested
+from edgespec.sampling import PositionalUniforms, sample, warp
+from edgespec.speculate import speculate
+from edgespec.speculators import Outcome, Proposal
+from edgespec.stats import GenerationStats
+
+V = 8
+EOG = 7
+N_SEQ = 20_000
+ALPHA = 1e-3
+
+
+class FakeModel:
+    """A language model in numpy: logits(context) = W[last token] + 0.3 * len(context) * U[last token]."""
+
+    def __init__(self, n_ctx: int = 64, n_vocab: int = V, seed: int = 0, eog: int | None = None, sharp: float = 2.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.W = rng.standard_normal((n_vocab, n_vocab)) * sharp
+        self.U = rng.standard_normal((n_vocab, n_vocab)) * 0.3
+        self.n_ctx, self.n_vocab = n_ctx, n_vocab
+        self.eog = eog
+        self.cached: list[int] = []
+        self.n_decoded = 0
+        self.decoded_batches: list[list[int]] = []
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    def logits(self, context: list[int]) -> np.ndarray:
+        last = context[-1]
+        return (self.W[last] + len(context) * self.U[last]).astype(np.float32)
+
+    def sync(self, tokens, rows=(-1,), *, should_stop=None, progress=None):
+        tokens = list(tokens)
+        keep = 0
+        while keep < min(len(tokens), len(self.cached)) and tokens[keep] == self.cached[keep]:
+            keep += 1
+        if rows and keep == len(tokens):
+            keep -= 1
+        self.truncate(keep)
+        rest = tokens[keep:]
+        out = []
+        for i, t in enumerate(rest):
+            if should_stop is not None and i > 0 and i % 4 == 0 and should_stop():
+                raise StopRequested()
+            self.cached.append(t)
+            self.n_decoded += 1
+            if progress is not None:
+                progress(i + 1, len(rest))
+        if rows and rest:
+            out = [self.logits(self.cached)]
+        return np.array(out, dtype=np.float32).reshape(len(out), self.n_vocab)
+
+    def decode(self, tokens, start_pos, rows=(-1,)):
+        assert start_pos == len(self.cached), "decode out of step with the cache"
+        tokens = list(tokens)
+        assert all(0 <= t < self.n_vocab for t in tokens), f"a token outside the vocabulary was decoded: {tokens}"
+        if start_pos + len(tokens) > self.n_ctx:
+            raise ContextFullError("fake context full")
+        self.decoded_batches.append(tokens)
+        out = []
+        for t in tokens:
+            self.cached.append(t)
+            out.append(self.logits(self.cached))
+        self.n_decoded += len(tokens)
+        rows = [r % len(tokens) for r in rows]
+        return np.stack([out[r] for r in rows]) if rows else np.empty((0, self.n_vocab), np.float32)
+
+    def truncate(self, n: int) -> None:
+        del self.cached[n:]
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+
+class OracleSpeculator:
+    """Drafts the target's own greedy continuation (always accepted at temperature 0), up to `k`, recording
+    every budget it was given and every outcome."""
+
+    name = "oracle"
+
+    def __init__(self, target: FakeModel, k: int, sampling: SamplingParams) -> None:
+        self.target, self.k, self.sp = target, k, sampling
+        self.budgets: list[int] = []
+        self.outcomes: list[Outcome] = []
+
+    def propose(self, context, budget, rng):
+        self.budgets.append(budget)
+        ctx, out = list(context), []
+        for _ in range(self.k + 3):  # deliberately more than the budget: the loop must cap it
+            t = int(np.argmax(warp(self.target.logits(ctx), self.sp, ctx)))
+            out.append(t)
+            ctx.append(t)
+        return Proposal(out, [None] * len(out), "oracle")
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+    def stats(self):
+        return {}
+
+
+class SampledSpeculator:
+    """Samples each draft token from q (a fixed sharpened/blurred version of the target, over V + extra ids: the
+    extra ids lie outside the target's vocabulary) and reports q exactly."""
+
+    name = "sampled"
+
+    def __init__(self, target: FakeModel, k: int, extra: int = 0, temperature: float = 1.4) -> None:
+        self.target, self.k, self.extra, self.t = target, k, extra, temperature
+
+    def q(self, ctx):
+        x = np.concatenate([self.target.logits(ctx) / self.t, np.full(self.extra, 0.5)])
+        w = np.exp(x - x.max())
+        return w / w.sum()
+
+    def propose(self, context, budget, rng):
+        ctx, toks, qs = list(context), [], []
+        for _ in range(min(self.k, budget)):
+            q = self.q(ctx)
+            d = sample(q, rng) if isinstance(rng, np.random.Generator) else int(np.searchsorted(np.cumsum(q), rng.at(len(ctx)) * q.sum(), side="right"))
+            toks.append(d)
+            qs.append(q)
+            ctx.append(d)
+            if d >= self.target.n_vocab:  # this fake draft cannot continue after its own foreign id
+                break
+        return Proposal(toks, qs, "sampled")
+
+    def observe(self, outcome):
+        pass
+
+    def stats(self):
+        return {}
+
+
+def run(target, prompt, sp, rng, max_tokens, speculator=None, **kw):
+    stats = GenerationStats()
+    out = []
+    for step in speculate(target, prompt, sp, rng, max_tokens=max_tokens, speculator=speculator, stats=stats, **kw):
+        out.extend(step.tokens)
+    return out, stats
+
+
+# ------------------------------------------------------------------------------------------------ limits
+@pytest.mark.parametrize("n_ctx", range(8, 41))
+def test_context_limit_speculative_stops_where_plain_stops(n_ctx):
+    """A cycle whose drafts are all accepted at the end of the context must not add its bonus token past n_ctx."""
+    sp = SamplingParams(temperature=0)
+    prompt = [1, 2, 3]
+    plain, ps = run(FakeModel(n_ctx), prompt, sp, np.random.default_rng(0), 1000)
+    target = FakeModel(n_ctx)
+    oracle = OracleSpeculator(target, 4, sp)
+    spec, ss = run(target, prompt, sp, np.random.default_rng(0), 1000, oracle)
+    assert spec == plain and len(plain) == n_ctx - len(prompt)
+    assert ps.stop_reason == ss.stop_reason == "context"
+    assert ss.n_drafted > 0 and ss.n_accepted == ss.n_drafted  # every draft accepted: the worst case for the limit
+    assert all(len(b) + len(prompt) - 1 <= n_ctx for b in target.decoded_batches)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 9, 17])
+def test_max_tokens_exact_and_budget_never_exceeded(max_tokens):
+    sp = SamplingParams(temperature=0)
+    target = FakeModel(256)
+    oracle = OracleSpeculator(target, 8, sp)
+    out, st = run(target, [1, 2], sp, np.random.default_rng(0), max_tokens, oracle)
+    plain, _ = run(FakeModel(256), [1, 2], sp, np.random.default_rng(0), max_tokens)
+    assert out == plain and len(out) == max_tokens and st.stop_reason == "length"
+    # the speculator was asked for at most what could still be emitted minus the target's own token
+    assert all(b >= 1 for b in oracle.budgets)
+    assert sum(o.n_emitted for o in oracle.outcomes) == max_tokens
+    assert all(o.n_drafted <= b for o, b in zip(oracle.outcomes, oracle.budgets))
+
+
+def test_context_limit_length_distribution_at_temperature_one():
+    """At T = 1 every run has the same length as plain decoding (no end token): min(max_tokens, n_ctx - prompt)."""
+    sp = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(5)
+    for n_ctx in (9, 12, 20):
+        for _ in range(200):
+            target = FakeModel(n_ctx)
+            out, _ = run(target, [0, 1], sp, rng, 50, SampledSpeculator(target, 3))
+            assert len(out) == n_ctx - 2
+
+
+def test_eog_cuts_a_cycle_and_is_the_last_token():
+    sp = SamplingParams(temperature=0)
+    for seed in range(30):
+        target = FakeModel(128, seed=seed, eog=EOG)
+        plain, ps = run(FakeModel(128, seed=seed, eog=EOG), [1, 2], sp, np.random.default_rng(0), 60)
+        spec, ss = run(target, [1, 2], sp, np.random.default_rng(0), 60, OracleSpeculator(target, 5, sp))
+        assert spec == plain and ps.stop_reason == ss.stop_reason
+        if EOG in plain:
+            assert plain.index(EOG) == len(plain) - 1 and ss.stop_reason == "eos"
+
+
+# ------------------------------------------------------------------------------------------------ vocabularies
+def exact_distribution(target: FakeModel, prompt: list[int], sp: SamplingParams, n: int) -> dict[tuple[int, ...], float]:
+    out: dict[tuple[int, ...], float] = {}
+
+    def rec(prefix, mass):
+        ctx = prompt + prefix
+        p = warp(target.logits(ctx), sp, ctx)
+        for x in np.flatnonzero(p > 0):
+            if len(prefix) + 1 == n:
+                out[tuple(prefix + [int(x)])] = mass * float(p[x])
+            else:
+                rec(prefix + [int(x)], mass * float(p[x]))
+
+    rec([], 1.0)
+    return out
+
+
+def chi_square(samples, exact) -> float:
+    counts: dict = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    assert all(s in exact for s in counts), "a sequence the target cannot produce was sampled"
+    n = len(samples)
+    obs, exp, o_other, e_other = [], [], 0, 0.0
+    for s, p in exact.items():
+        if n * p < 5:
+            o_other += counts.get(s, 0)
+            e_other += n * p
+        else:
+            obs.append(counts.get(s, 0))
+            exp.append(n * p)
+    if e_other > 0:
+        obs.append(o_other)
+        exp.append(e_other)
+    exp_a = np.array(exp) * (sum(obs) / sum(exp))
+    return float(sstats.chisquare(obs, exp_a).pvalue)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)], ids=["T1", "T0.7-topk4"])
+def test_draft_ids_outside_the_target_vocabulary_are_rejected_exactly(sp):
+    """The draft's vocabulary has 3 ids the target lacks (as in pairs whose vocabularies differ by up to 128):
+    such a draft token is never decoded by the target (FakeModel asserts it) and the output stays exact."""
+    target = FakeModel(64, seed=3)
+    exact = exact_distribution(target, [1, 2], sp, 3)
+    rng = np.random.default_rng(77)
+    samples, drafted_foreign = [], 0
+    for _ in range(N_SEQ):
+        spec = SampledSpeculator(target, 3, extra=3)
+        out, st = run(target, [1, 2], sp, rng, 3, spec)
+        samples.append(tuple(out))
+    assert all(max(b) < V for b in target.decoded_batches)
+    p = chi_square(samples, exact)
+    assert p > ALPHA, f"p = {p:.2e} (N = {N_SEQ})"
+
+
+def test_foreign_draft_ids_count_as_drafted_and_rejected():
+    target = FakeModel(64, seed=3)
+
+    class Foreign:
+        name = "foreign"
+
+        def propose(self, context, budget, rng):
+            return Proposal([V + 1, 0, 0][:budget], [None] * min(3, budget), "foreign")
+
+        def observe(self, o):
+            self.last = o
+
+        def stats(self):
+            return {}
+
+    f = Foreign()
+    out, st = run(target, [1, 2], SamplingParams(temperature=1.0), np.random.default_rng(0), 5, f)
+    assert st.n_drafted >= 1 and st.n_accepted == 0 and len(out) == 5
+    assert all(len(b) == 1 for b in target.decoded_batches)  # only the last context token: the foreign id never
+
+
+# ------------------------------------------------------------------------------------------------ seeded
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
+def test_seeded_speculative_equals_seeded_plain_token_for_token(temperature):
+    sp = SamplingParams(temperature=temperature, top_p=0.95)
+    for seed in range(40):
+        plain, _ = run(FakeModel(96, seed=seed % 4), [1, 2], sp, PositionalUniforms(seed), 40)
+        target = FakeModel(96, seed=seed % 4)
+        spec, st = run(target, [1, 2], sp, PositionalUniforms(seed), 40, SampledSpeculator(target, 1 + seed % 5))
+        assert spec == plain, f"seed {seed}"
+        assert st.n_drafted > 0
+
+
+# ------------------------------------------------------------------------------------------------ control flow
+def test_cancel_before_a_cycle_and_between_prefill_chunks():
+    sp = SamplingParams(temperature=0)
+    calls = {"n": 0}
+
+    def stop_after_3():
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    target = FakeModel(256)
+    out, st = run(target, [1, 2], sp, np.random.default_rng(0), 100, should_stop=stop_after_3)
+    assert st.stop_reason == "cancelled" and 0 < len(out) < 100
+    assert target.cached == ([1, 2] + out)[:-1]  # the cache still holds all but the last token
+    # a long prompt: the stop request is seen between prefill chunks
+    target = FakeModel(256)
+    out, st = run(target, list(range(8)) * 10, sp, np.random.default_rng(0), 100, should_stop=lambda: True)
+    assert out == [] and st.stop_reason == "cancelled" and 0 < target.n_past < 79
+
+
+def test_progress_after_cycle_and_observe_every_cycle():
+    sp = SamplingParams(temperature=0)
+    target = FakeModel(256)
+    oracle = OracleSpeculator(target, 3, sp)
+    seen, cycles = [], []
+    out, st = run(target, list(range(8)) * 3, sp, np.random.default_rng(0), 20, oracle,
+                  on_prefill=lambda done, total: seen.append((done, total)), after_cycle=lambda: cycles.append(1))
+    assert seen and seen[-1][0] == seen[-1][1] == 23  # the prompt but its last token
+    assert len(oracle.outcomes) == len(cycles) == st.n_cycles  # after_cycle runs after every cycle but an end token
+    assert st.n_generated == len(out) == 20 and st.ttft > 0
+
+
+def test_bad_inputs_are_config_errors():
+    from edgespec.errors import ConfigError
+
+    sp = SamplingParams(temperature=0)
+    with pytest.raises(ConfigError):
+        run(FakeModel(), [], sp, np.random.default_rng(0), 5)
+    with pytest.raises(ConfigError):
+        run(FakeModel(), [1, V], sp, np.random.default_rng(0), 5)
+    with pytest.raises(ConfigError):
+        run(FakeModel(), [1], sp, np.random.default_rng(0), 0)
+    with pytest.raises(ContextFullError):
+        run(FakeModel(8), list(range(7)) * 2, sp, np.random.default_rng(0), 5)
+
+
+def test_the_loop_imports_without_llama_cpp():
+    code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.speculate, edgespec.speculators, edgespec.costs, edgespec.policy"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=60)
+    assert p.returncode == 0, p.stderr
