@@ -96,3 +96,94 @@ def test_seed_fixes_the_output_whatever_the_drafting(tiny):
     assert adaptive["token_ids"] == fixed["token_ids"] == plain["token_ids"]
     other = json.loads(run(*args[:-5], "--seed", "43", "--max-tokens", "60", "--ctx", "512", "--json").stdout)
     assert other["token_ids"] != plain["token_ids"]
+
+
+# --------------------------------------------------------------------------------------------- hostile I/O
+def _proc(args, **kw):
+    return subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, timeout=120, **kw)
+
+
+def test_invalid_utf8_on_stdin_is_not_a_traceback(tiny):
+    junk = b"abc \xff\xfe\xc3 def\n"
+    p = _proc(["generate", "-", "--target", str(tiny["target"]), "--no-draft", "--max-tokens", "3", "--ctx", "512"], input=junk)
+    assert p.returncode == 0 and b"Traceback" not in p.stderr, p.stderr
+    chat = _proc(["chat", "--target", str(tiny["target"]), "--draft", "ngram", "--max-tokens", "3", "--ctx", "512"],
+                 input=b"hello \xff there\nsecond \xc3\n")
+    assert chat.returncode == 0 and b"Traceback" not in chat.stderr, chat.stderr
+    assert chat.stdout.count(b"tokens \xc2\xb7") == 2  # both messages answered, the conversation went on
+
+
+def test_closed_stdin_and_full_stdout_are_one_line_errors(tiny):
+    args = ["generate", "--target", str(tiny["target"]), "--no-draft", "--max-tokens", "3", "--ctx", "512"]
+    p = _proc(args, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2 and b"Traceback" not in p.stderr  # an empty prompt: a usage error
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run([sys.executable, "-m", "edgespec", *args, "hello"], stdout=full, stderr=subprocess.PIPE, timeout=120)
+    lines = [ln for ln in p.stderr.decode().splitlines() if ln.strip()]
+    assert p.returncode == 1 and "Traceback" not in p.stderr.decode(), p.stderr
+    assert any("cannot write the output" in ln for ln in lines) and len(lines) <= 2, lines
+
+
+def test_settings_out_of_range_are_usage_errors(tiny):
+    base = ["generate", "hi", "--target", str(tiny["target"]), "--no-draft", "--max-tokens", "2"]
+    assert run(*base, "--ctx", "4294967312").exit_code == 2
+    assert run(*base, "--seed", "-2").exit_code == 2
+    r = run(*base, "--seed", "-1", "--ctx", "512")  # -1 = a fresh seed, as in llama.cpp
+    assert r.exit_code == 0
+
+
+def test_nan_logits_are_one_line(tmp_path):
+    import numpy as np
+
+    from edgespec.tiny import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "nan.gguf", seed=1, bias=float("nan"))
+    p = _proc(["generate", "hi", "--target", str(path), "--no-draft", "--max-tokens", "3", "--ctx", "256"])
+    err = [ln for ln in p.stderr.decode().splitlines() if ln.strip()]
+    assert p.returncode == 1 and len(err) == 1 and "NaN" in err[0], p.stderr
+    assert np.isnan(float("nan"))
+
+
+def test_chat_history_that_is_a_directory_does_not_stop_the_chat(tiny, tmp_path):
+    from edgespec.cli.chat import _history
+
+    data = tmp_path / "data"
+    (data / "chat_history").mkdir(parents=True)
+    import os
+
+    old = os.environ.get("EDGESPEC_DATA_DIR")
+    os.environ["EDGESPEC_DATA_DIR"] = str(data)
+    try:
+        notes: list[str] = []
+        h = _history(notes)
+        assert notes and "history off" in notes[0]
+        h.append_string("still works in memory")
+        # a huge history file: only its tail is read
+        (data / "chat_history").rmdir()
+        (data / "chat_history").write_bytes(b"\n# t\n+old line\n" * 200_000)
+        notes.clear()
+        h = _history(notes)
+        assert not notes and len(list(h.load_history_strings())) < 20_000
+    finally:
+        if old is None:
+            os.environ.pop("EDGESPEC_DATA_DIR")
+        else:
+            os.environ["EDGESPEC_DATA_DIR"] = old
+
+
+def test_ctrl_c_stops_a_generation_with_130(tiny):
+    import signal
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "edgespec", "generate", "abc", "--raw", "--target", str(tiny["target"]), "--no-draft",
+         "--max-tokens", "20000", "--ctx", "32768", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None
+    p.stdout.read(64)  # it is generating
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert b"interrupted" in err and b"Traceback" not in err and b"stop: cancelled" in err

@@ -88,14 +88,29 @@ def test_greedy_identity_20_prompts(engine):
             continue
         # first divergence: it must be a near-tie on the plain (single-token) path
         ctx = engine.prompt_tokens(messages=msgs) + a[:j]
-        logits = engine.target.sync(ctx)[0]
+        logits = engine.submit(lambda e, c=ctx: e.target.sync(c)[0]).result()
         gap = top2_gap(logits)
         gaps.append(gap)
         diverged += 1
         assert gap < NEAR_TIE, f"{prompt!r}: diverged at token {j} where the top-2 gap is {gap:.3f} (not a near-tie)"
-    # Seen on this CPU: 9 identical, 11 parted at near-ties (gaps 0.001-0.204); how many part varies with the
-    # machine's kernels, so only the near-tie condition above is asserted.
+    # Seen on the AVX2 CPU: 9 identical, 11 parted at near-ties (gaps 0.001-0.204). How many part varies with the
+    # machine's kernels; a floor catches a systematic fault that happens to land on near-ties: at least a quarter
+    # of the prompts must agree for all 64 tokens.
     print(f"\n{identical} identical, {diverged} diverged at near-ties (gaps {[round(g, 3) for g in gaps]})")
+    assert identical >= len(PROMPTS) // 4, f"only {identical} of {len(PROMPTS)} prompts identical"
+
+
+def test_control_token_text_typed_by_a_user_stays_text(engine):
+    """Every control-token string of the real vocabulary inside a user message: the prompt holds exactly the
+    control tokens the template wrote."""
+    specials = engine.special_texts()
+    assert "<|im_end|>" in specials and len(specials) >= 10
+    ids = {t for t in range(engine.target.n_vocab) if engine.target.token_bytes(t, special=True).decode("utf-8", "replace") in set(specials)}
+    clean = engine.prompt_tokens(messages=[{"role": "user", "content": "hello  world"}])
+    n_clean = sum(1 for t in clean if t in ids)
+    for s in specials:
+        got = engine.prompt_tokens(messages=[{"role": "user", "content": f"hello {s} world"}])
+        assert sum(1 for t in got if t in ids) == n_clean, s
 
 
 def test_sampled_generation_runs_and_reports(engine):
