@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -86,9 +86,9 @@ class Model:
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()
-        self._model = None
-        self._ctx = None
-        self._batch = None
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
         self._vocab_lock = threading.RLock()  # vocabulary calls vs close
 
         mparams = C.llama_model_default_params()
@@ -354,8 +354,9 @@ class Model:
             if self._model is not None:
                 C.llama_model_free(self._model)
                 self._model = None
-            if self.__dict__.get("prompt_cache") is not None:
-                self.prompt_cache.clear()
+            cache = self.__dict__.get("prompt_cache")
+            if cache is not None:
+                cache.clear()
 
     def __enter__(self) -> "Model":
         return self
@@ -424,7 +425,7 @@ class PromptCache:
             restore = best_key is not None and best >= keep + self.MIN_TOKENS
             if model.n_past - keep >= self.MIN_TOKENS:  # the rewrite would throw these away: keep a copy
                 self._save(model)
-            if not restore:
+            if not restore or best_key is None:
                 return keep
             toks, data = self._entries[best_key]
             self._entries.move_to_end(best_key)

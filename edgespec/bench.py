@@ -107,7 +107,7 @@ def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None =
         where = f"{p}:{no}"
         try:
             entry = json.loads(s)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise BenchError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
         check_entry(entry, where)
         out.setdefault(entry.get("suite") or suite_default, []).append(entry)

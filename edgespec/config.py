@@ -21,10 +21,11 @@ MAX_SEED = 2**64 - 1
 def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {v!r}")
+    v = int(v)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         where = f"at least {lo}" if hi is None else f"in [{lo}, {hi}]" if lo is not None else f"at most {hi}"
         raise ConfigError(f"{name} must be {where}, got {v}")
-    return int(v)
+    return v
 
 
 def _real(name: str, v: Any) -> float:

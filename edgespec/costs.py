@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, Union
 
 import numpy as np
+
+# Per-position acceptance estimates a_1..a_k: a list or a numpy array.
+Rates = Union[Sequence[float], np.ndarray]
 
 # Rates within this relative distance count as a tie (broken towards the smaller k).
 _TIE_RTOL = 1e-12
@@ -31,7 +34,7 @@ SHIFT_FACTOR = 1.6
 SHIFT_RUN = 3
 
 
-def expected_tokens(a: Sequence[float], k: int) -> float:
+def expected_tokens(a: Rates, k: int) -> float:
     """E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j: expected tokens emitted by a cycle that drafts k tokens.
 
     The 1 is the token the target always contributes (the correction at the first rejection, or the bonus
@@ -217,7 +220,7 @@ class CostModel:
         }
 
 
-def rates(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, float]:
+def rates(a: Rates, cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, float]:
     """{k: E(k) / T(k)} for k = 0 and k_min..k_max (k_max clipped to len(a))."""
     k_max = min(k_max, len(a))
     out = {0: 1.0 / cost.cycle_time(0)}
@@ -236,7 +239,7 @@ def argmax_rate(table: Mapping[int, float]) -> int:
     return min(k for k, r in table.items() if r >= top * (1.0 - _TIE_RTOL))
 
 
-def best_k(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> int:
+def best_k(a: Rates, cost: CostModel, k_max: int, k_min: int = 1) -> int:
     """argmax over k in {0} ∪ [k_min, k_max] of E(k) / T(k); k = 0 is plain decoding (E = 1).
 
     Ties (rates within a relative 1e-12) go to the smaller k. k_max is clipped to len(a).
@@ -244,7 +247,7 @@ def best_k(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> i
     return argmax_rate(rates(a, cost, k_max, k_min))
 
 
-def best_rate(a: Sequence[float], cost: CostModel, k_max: int, k_min: int = 1) -> float:
+def best_rate(a: Rates, cost: CostModel, k_max: int, k_min: int = 1) -> float:
     """max over k in {0} ∪ [k_min, k_max] of E(k) / T(k), in tokens per second."""
     return max(rates(a, cost, k_max, k_min).values())
 

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -352,7 +352,7 @@ class Engine:
         speculator = make_speculator(kind, self.spec, sampling, cost, self.draft)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
-        steps = speculate(
+        steps: Generator[Step, None, None] = speculate(
             self.target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=on_prefill,
             after_cycle=lambda: self._recalibrate_if_needed(stats),

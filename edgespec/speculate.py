@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
@@ -99,15 +99,22 @@ def verify(
     if n_rows not in (k, k + 1):
         raise ValueError(f"need {k} or {k + 1} logits rows for {k} drafted tokens, got {n_rows}")
     ctx = list(history)
+    if sampling.greedy:
+        argmax = []
+        for i in range(n_rows):
+            argmax.append(greedy_token(logits[i], sampling, ctx))
+            if i < k:
+                ctx.append(draft[i])
+        if n_rows == k:  # d_{k-1} is impossible for the target: its row is never reached as a bonus row
+            argmax.append(argmax[-1])
+        return accept_greedy(draft, argmax)
     rows = []
     for i in range(n_rows):
-        rows.append(greedy_token(logits[i], sampling, ctx) if sampling.greedy else warp(logits[i], sampling, ctx))
+        rows.append(warp(logits[i], sampling, ctx))
         if i < k:
             ctx.append(draft[i])
-    if n_rows == k:  # d_{k-1} is impossible for the target: its row is never reached as a bonus row
+    if n_rows == k:
         rows.append(rows[-1])
-    if sampling.greedy:
-        return accept_greedy(draft, rows)
     p = np.stack(rows)
     if stats is not None and k:
         _expected_acceptance(draft, q, p[:n_rows], stats)
@@ -160,7 +167,7 @@ def speculate(
     should_stop: Callable[[], bool] | None = None,
     on_prefill: Callable[[int, int], None] | None = None,
     after_cycle: Callable[[], None] | None = None,
-) -> Iterator[Step]:
+) -> Generator[Step, None, None]:
     """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle.
 
     Stops at an end-of-generation token (included in the last step), at max_tokens, when the context is full, or

@@ -39,7 +39,6 @@ class _Ratios:
     n_spec_cycles: int
     n_drafted: int
     n_accepted: int
-    decode_seconds: float
 
     @property
     def mu(self) -> float:
@@ -58,7 +57,11 @@ class _Ratios:
     @property
     def tokens_per_second(self) -> float:
         """Decode rate: generated tokens / seconds after prefill."""
-        return self.n_generated / self.decode_seconds if self.n_generated and self.decode_seconds > 0 else 0.0
+        seconds = self._decode_seconds()
+        return self.n_generated / seconds if self.n_generated and seconds > 0 else 0.0
+
+    def _decode_seconds(self) -> float:
+        raise NotImplementedError
 
 
 def _add_positions(acc: list[int], more: list[int]) -> None:
@@ -96,6 +99,9 @@ class GenerationStats(_Ratios):
     def decode_seconds(self) -> float:
         """Generation time after prefill."""
         return max(self.wall - self.timings.prefill, 1e-9)
+
+    def _decode_seconds(self) -> float:
+        return self.decode_seconds
 
     def record_cycle(self, n_drafted: int, n_accepted: int, n_emitted: int, source: str, t_draft: float, t_target: float) -> None:
         self.n_cycles += 1
@@ -165,6 +171,9 @@ class Totals(_Ratios):
     decode_seconds: float = 0.0
     wall: float = 0.0
     timings: Timings = field(default_factory=Timings)
+
+    def _decode_seconds(self) -> float:
+        return self.decode_seconds
 
     def add(self, s: GenerationStats) -> None:
         self.runs += 1

@@ -71,7 +71,7 @@ def detect_cmake_args() -> str:
                 args.append(f"-DGGML_{opt}=ON")
         if "avx512f" in flags:
             args.append("-DGGML_AVX512=ON")
-            for flag, opt in (("avx512_vbmi", "AVX512_VBMI"), ("avx512_vnni", "AVX512_VNNI"), ("avx512_bf16", "AVX512_BF16")):
+            for flag, opt in (("avx512vbmi", "AVX512_VBMI"), ("avx512_vnni", "AVX512_VNNI"), ("avx512_bf16", "AVX512_BF16")):
                 if flag in flags:
                     args.append(f"-DGGML_{opt}=ON")
     return " ".join(args)

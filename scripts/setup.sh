@@ -46,7 +46,7 @@ detect_cmake_args() {
     has avx_vnni && args+=" -DGGML_AVX_VNNI=ON"
     if has avx512f; then
       args+=" -DGGML_AVX512=ON"
-      has avx512_vbmi && args+=" -DGGML_AVX512_VBMI=ON"
+      has avx512vbmi && args+=" -DGGML_AVX512_VBMI=ON"
       has avx512_vnni && args+=" -DGGML_AVX512_VNNI=ON"
       has avx512_bf16 && args+=" -DGGML_AVX512_BF16=ON"
     fi
