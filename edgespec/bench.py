@@ -377,7 +377,8 @@ def format_report(report: Mapping[str, Any], per_prompt: bool = True) -> str:
                 f"{r['plain_tokens_per_second']:.1f}", f"{r['spec_tokens_per_second']:.1f}", f"{r['speedup']:.2f}",
                 f"{mu:.2f}", _pct(acc), ("yes" if r["identical"] else "NO") if greedy else "n/a",
             ])
-        out.append(_table(["prompt", "prompt tok", "plain tok", "spec tok", "plain tok/s", "spec tok/s", "speedup", "μ", "accept", "identical"], rows, [False] + [True] * 9))
+        head = ["prompt", "prompt tok", "plain tok", "spec tok", "plain tok/s", "spec tok/s", "speedup", "μ", "accept", "identical"]
+        out.append(_table(head, rows, [False] + [True] * 9))
         out.append("")
     names = list(report["suites"]) + (["overall"] if report["overall"] else [])
     summaries = [report["suites"][n] for n in report["suites"]] + ([report["overall"]] if report["overall"] else [])

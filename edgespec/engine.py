@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import threading
 import time
 import weakref
 from concurrent.futures import Future

@@ -171,7 +171,8 @@ def test_bench_plot_without_matplotlib_is_one_line_error(tiny, tmp_path, monkeyp
 
 def test_bench_module_imports_first():
     """edgespec.bench is a library (no click) and the CLI registers its command."""
-    code = "import sys, edgespec.bench as b; assert 'click' not in sys.modules; from edgespec.cli import main; print(hasattr(b, 'run_bench'), 'bench' in main.commands)"
+    code = ("import sys, edgespec.bench as b; assert 'click' not in sys.modules; from edgespec.cli import main; "
+            "print(hasattr(b, 'run_bench'), 'bench' in main.commands)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["True", "True"]

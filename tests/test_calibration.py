@@ -134,7 +134,7 @@ def test_an_unwritable_cache_is_not_an_error(models, tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------- during generation
 def test_level_shift_marks_the_curve_suspect_after_a_few_observations():
     c = VerifyCurve({1: 2.2, 8: 2.3})  # flat and 27x too slow
-    for i in range(SHIFT_RUN):
+    for _ in range(SHIFT_RUN):
         assert not c.suspect
         c.update(1, 0.08)
     assert c.suspect and c.points[1] < 0.2  # the size's point follows the machine at once

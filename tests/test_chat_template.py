@@ -64,7 +64,8 @@ HOSTILE = {
     "huge power": "{{ 2 ** 100000000 }}",
     "output flood": "{% for a in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "recursive macro": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
-    "shadowing": "{% set range = None %}{% for a in messages %}{% for b in messages * 10000 %}{% for c in messages * 10000 %}{% endfor %}{% endfor %}{% endfor %}",
+    "shadowing": "{% set range = None %}{% for a in messages %}{% for b in messages * 10000 %}"
+                 "{% for c in messages * 10000 %}{% endfor %}{% endfor %}{% endfor %}",
 }
 
 

@@ -7,7 +7,6 @@ import asyncio
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import edgespec.backend as backend
@@ -327,11 +326,11 @@ def test_an_exception_after_any_llama_call_leaves_the_engine_consistent(tiny, re
             for nth in (1, 2, 5):
                 count = {"n": 0}
 
-                def boom(*args, _real=real, _count=count, _nth=nth):
+                def boom(*args, _real=real, _count=count, _nth=nth, _name=name):
                     out = _real(*args)
                     _count["n"] += 1
                     if _count["n"] == _nth:
-                        raise exc(f"injected after {name} call {_nth}")
+                        raise exc(f"injected after {_name} call {_nth}")
                     return out
 
                 monkeypatch.setattr(C, name, boom)

@@ -257,10 +257,9 @@ def test_draft_ids_outside_the_target_vocabulary_are_rejected_exactly(sp):
     target = FakeModel(64, seed=3)
     exact = exact_distribution(target, [1, 2], sp, 3)
     rng = np.random.default_rng(77)
-    samples, drafted_foreign = [], 0
+    samples = []
     for _ in range(N_SEQ):
-        spec = SampledSpeculator(target, 3, extra=3)
-        out, st = run(target, [1, 2], sp, rng, 3, spec)
+        out, _ = run(target, [1, 2], sp, rng, 3, SampledSpeculator(target, 3, extra=3))
         samples.append(tuple(out))
     assert all(max(b) < V for b in target.decoded_batches)
     p = chi_square(samples, exact)

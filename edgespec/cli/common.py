@@ -21,16 +21,22 @@ MAX_STDIN_BYTES = 64 * 1024 * 1024  # a prompt larger than this is certainly a m
 # --------------------------------------------------------------------------------------------- shared options
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("--target", "-m", envvar=TARGET_ENV, metavar="FILE|PAIR", help=f"Target GGUF (env {TARGET_ENV}; default: the default pair)."),
-        click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram", help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
+        click.option("--target", "-m", envvar=TARGET_ENV, metavar="FILE|PAIR",
+                     help=f"Target GGUF (env {TARGET_ENV}; default: the default pair)."),
+        click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram",
+                     help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone (same sampling code)."),
         click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "model+ngram"]), default="auto", show_default=True,
-                     help="auto = model+ngram with a draft model (the lookup alone where the hardware gate says the draft model cannot pay), plain decoding without one."),
-        click.option("--draft-max", type=click.IntRange(0, 64), default=8, show_default=True, help="Most tokens the draft model drafts per cycle (0 = never speculate)."),
+                     help="auto = model+ngram with a draft model (the lookup alone where the draft model cannot pay on this hardware); "
+                          "with --target and no draft model, the lookup; plain decoding otherwise."),
+        click.option("--draft-max", type=click.IntRange(0, 64), default=8, show_default=True,
+                     help="Most tokens the draft model drafts per cycle (0 = never speculate)."),
         click.option("--fixed-k", is_flag=True, help="Always draft --draft-max tokens (no adaptive controller), n-gram lookups included."),
         click.option("--draft-temperature", type=click.FloatRange(min=0), default=None, help="Draft's own temperature (default: the target's)."),
-        click.option("--n-gpu-layers", "-ngl", type=click.IntRange(min=-1, max=100_000), default=0, show_default=True, help="Target layers offloaded to the GPU (-1 = all)."),
-        click.option("--draft-gpu-layers", type=click.IntRange(min=-1, max=100_000), default=None, help="Draft layers on the GPU (default: as --n-gpu-layers)."),
+        click.option("--n-gpu-layers", "-ngl", type=click.IntRange(min=-1, max=100_000), default=0, show_default=True,
+                     help="Target layers offloaded to the GPU (-1 = all)."),
+        click.option("--draft-gpu-layers", type=click.IntRange(min=-1, max=100_000), default=None,
+                     help="Draft layers on the GPU (default: as --n-gpu-layers)."),
         click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all available cores)."),
         click.option("--ctx", "n_ctx", type=click.IntRange(16, MAX_CTX), default=4096, show_default=True, help="Context window in tokens."),
     ]

@@ -38,7 +38,8 @@ def info(files: tuple[str, ...], as_json: bool) -> None:
             out(f"  quantization  {s['quantization']}  ({', '.join(f'{k}×{v}' for k, v in sorted(s['tensor_types'].items()))})")
             out(f"  file size     {s['file_size'] / 2**20:.1f} MiB")
             out(f"  context       {s['context_length']}")
-            out(f"  vocabulary    {s['vocab_size']} tokens ({s['tokenizer']}, pre {s['tokenizer_pre']}), bos {s['bos_token_id']}, eos {s['eos_token_id']}, add_bos {s['add_bos_token']}")
+            out(f"  vocabulary    {s['vocab_size']} tokens ({s['tokenizer']}, pre {s['tokenizer_pre']}), "
+                f"bos {s['bos_token_id']}, eos {s['eos_token_id']}, add_bos {s['add_bos_token']}")
             out(f"  chat template {'yes' if s['chat_template'] else 'no (ChatML fallback)'}")
         if len(infos) == 2:
             out("pair: " + ("compatible" if result["compatible"] else "INCOMPATIBLE: " + "; ".join(result["problems"])))
