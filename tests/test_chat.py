@@ -192,13 +192,11 @@ def _check_second_turn_reuse(eng: Engine, first: "object", session: ChatSession,
     assert t_missing <= len(delta_tokens) + 1
     assert d_missing <= len(delta_tokens) + 1 + first.stats.n_generated
     assert eng.draft.common_prefix(prompt) >= len(first.prompt_tokens) - 1
-    it = iter(turn)
-    next(it)
-    prefill_work = eng.target.n_decoded - t0  # prefill + the first verify batch
     turn.result()
     st = turn.stats
     assert len(delta_tokens) <= st.n_prefill <= len(delta_tokens) + 1
-    assert prefill_work <= st.n_prefill + eng.spec.draft_max
+    # all the target decoded for this turn: the new message, then one verify batch per cycle
+    assert eng.target.n_decoded - t0 <= st.n_prefill + st.n_cycles + st.n_drafted
     assert st.n_prompt == len(prompt) and st.n_prefill < len(prompt) / 2
     assert eng.draft.n_decoded - d0 <= d_missing + 2 * turn.stats.n_generated + eng.spec.draft_max
     assert first.stats.n_prefill >= len(first.prompt_tokens) - 1  # the first turn had to prefill its whole prompt
@@ -319,3 +317,49 @@ def test_pull_flag_pulls_the_default_pair_first(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["chat", "--pull"], input="")
     assert calls == [(None, {"progress": True})]
     assert res.exit_code == 1 and "edgespec models pull" in res.stderr  # the (fake) pull fetched nothing
+
+
+# --------------------------------------------------------------------------------------------- hostile input
+def test_a_failed_save_keeps_the_previous_file(engine, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=4)
+    s.send("hi").result()
+    path = tmp_path / "conv.json"
+    s.save(path)
+    before = path.read_bytes()
+    s.send("again").result()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ChatError, match="No space left"):
+        s.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # the old save is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["conv.json"]  # and no temporary file is left behind
+    with pytest.raises(ChatError, match="directory"):
+        s.save(tmp_path)
+
+
+def test_a_system_prompt_larger_than_the_context_is_refused(engine):
+    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=8)
+    with pytest.raises(ChatContextError, match="system prompt does not fit"):
+        s.set_system("x" * 600)
+    assert s.system is None
+    t = s.send("hi").result()  # the chat goes on, and short messages are answered
+    assert t.stats.n_generated > 0
+
+
+def test_target_alone_with_a_default_draft_that_does_not_fit(tiny, monkeypatch):
+    """--target X without --draft: the cached default draft is used only if it fits X; else the free lookup."""
+    import edgespec.models as models
+
+    monkeypatch.delenv("EDGESPEC_DRAFT", raising=False)
+    real = models.resolve_model
+    monkeypatch.setattr(models, "resolve_model", lambda name, role: tiny["mismatch_size"] if name is None and role == "draft" else real(name, role))
+    res = CliRunner().invoke(main, ["generate", "abc", "--target", str(tiny["target"]), "--max-tokens", "4", "--ctx", "256", "--json"])
+    assert res.exit_code == 0, res.output
+    assert "does not fit" in res.stderr and "n-gram lookup" in res.stderr

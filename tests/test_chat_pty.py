@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,6 @@ def test_chat_in_a_terminal(tiny, tmp_path):
         "--threads", "1",  # one thread: steady speed on a busy machine (no spinning thread pool)
         "--show-draft",
     ]  # fmt: skip
-    t_start = time.monotonic()
     child = pexpect.spawn(str(EXE), args, env=env, encoding="utf-8", timeout=60, dimensions=(50, 200))
     try:
         child.expect("edgespec chat · target tiny-target")
@@ -72,4 +70,3 @@ def test_chat_in_a_terminal(tiny, tmp_path):
         child.close()
     assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
     assert (tmp_path / "data" / "chat_history").read_text().count("+and again") == 1
-    assert time.monotonic() - t_start < 60
