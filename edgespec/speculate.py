@@ -12,6 +12,8 @@ sampling settings and the limits. Each cycle:
     speculator.observe(outcome)
 
 Invariant between cycles: the target's cache holds every token but the last, which opens the next verify batch.
+The prefill decodes the whole prompt and keeps the logits after its last token, so the first cycle decodes only its
+drafts (plain decoding's first token costs no decode at all, as in llama.cpp's own tools).
 Limits: a cycle never emits more tokens than max_tokens or the context allow (prompt + output <= n_ctx), so the
 speculative and the plain path stop at the same length. A drafted id the target's vocabulary lacks (draft and
 target vocabularies may differ by up to 128 ids) has p = 0: it is rejected with certainty, so it is never decoded;
@@ -191,13 +193,13 @@ def speculate(
     try:
         before = target.n_decoded
         try:
-            target.sync(ctx[:-1], rows=(), should_stop=should_stop, progress=on_prefill)
+            # the whole prompt, with the logits after its last token: the first cycle starts from them
+            pending: np.ndarray | None = target.sync(ctx, rows=(-1,), should_stop=should_stop, progress=on_prefill)
         except StopRequested:
             stats.stop_reason = "cancelled"
             return
         finally:
-            decoded = target.n_decoded - before
-            stats.n_prefill = decoded + 1  # +1: the last prompt token opens the first verify batch
+            stats.n_prefill = target.n_decoded - before
             stats.n_cached = len(ctx) - stats.n_prefill
             stats.timings.prefill = time.perf_counter() - start
         n_gen = 0
@@ -218,8 +220,14 @@ def speculate(
             proposal = speculator.propose(ctx, budget, rng) if speculator is not None and budget > 0 else Proposal()
             t1 = time.perf_counter()
             draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
-            logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
+            if pending is None:  # the cache holds all but the last token, which opens the verify batch
+                logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
+            else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
+                rows = target.decode(draft[:n_decode], L, range(n_decode)) if n_decode else pending[:0]
+                logits, pending = np.concatenate([pending, rows]), None
             t2 = time.perf_counter()
+            # the first cycle's decode is not a verify of n_decode + 1 tokens: its time must not teach the costs
+            t_verify = t2 - t1 if stats.n_cycles else 0.0
             verdict = verify(draft, q, logits, ctx, sampling, rng, stats)
             n = verdict.n_accepted
             target.truncate(L + n)
@@ -237,7 +245,7 @@ def speculate(
             if speculator is not None:
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
                 # drafting really costs that, and the policy must see it or it resumes too eagerly.
-                speculator.observe(Outcome(len(draft), n_kept, len(new), t1 - t0, t2 - t1))
+                speculator.observe(Outcome(len(draft), n_kept, len(new), t1 - t0, t_verify))
             yield Step(new, len(draft), n_kept, source, t1 - t0, t2 - t1, eog_at is not None)
             if eog_at is not None:
                 stats.stop_reason = "eos"

@@ -325,7 +325,7 @@ def test_progress_after_cycle_and_observe_every_cycle():
     seen, cycles = [], []
     out, st = run(target, list(range(8)) * 3, sp, np.random.default_rng(0), 20, oracle,
                   on_prefill=lambda done, total: seen.append((done, total)), after_cycle=lambda: cycles.append(1))
-    assert seen and seen[-1][0] == seen[-1][1] == 23  # the prompt but its last token
+    assert seen and seen[-1][0] == seen[-1][1] == 24  # the whole prompt
     assert len(oracle.outcomes) == len(cycles) == st.n_cycles  # after_cycle runs after every cycle but an end token
     assert st.n_generated == len(out) == 20 and st.ttft > 0
 
