@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Where does plain decoding's time go? Per-token decode time of the target, measured side by side (interleaved,
+alternating order) in one run, for configurations that peel edgespec's path apart down to a bare llama.cpp loop:
+
+    bare          llama.cpp through the binding, context parameters as llama.cpp's own tools set them
+    model         edgespec's backend.Model (edgespec's context parameters), a greedy loop over decode()
+    model+draft   the same with the draft model loaded beside it (and used once, as calibration does)
+    engine        Engine.generate(speculative=False): the whole stack (worker thread, sampling, detokenizer)
+    llama-bench   llama.cpp's own llama-bench tg at the same context depth (when scripts/llamacpp_compare.py built it)
+
+    .venv/bin/python scripts/plain_speed.py                       # default pair, depths 16 and 512, 64 tokens
+    .venv/bin/python scripts/plain_speed.py --tokens 128 --rounds 3 --json-out /tmp/plain.json
+
+Every configuration decodes the same prompt tokens and then `--tokens` tokens one at a time; the number is the
+median milliseconds per decoded token after the prompt. Ratios are against `bare` in the same round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bare_loop_factory(path: str, n_ctx: int, threads: int) -> tuple[Callable[[list[int], int], float], Callable[[], None]]:
+    """A context made the way llama.cpp's tools make it (their defaults: n_batch 2048, n_ubatch 512), and a greedy
+    loop that decodes one token at a time; returns (run(prompt, n) -> seconds per token, close)."""
+    import llama_cpp as C
+
+    from edgespec.backend import _init_llama
+
+    _init_llama()
+    mp = C.llama_model_default_params()
+    model = C.llama_model_load_from_file(path.encode(), mp)
+    cp = C.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    ctx = C.llama_init_from_model(model, cp)
+    mem = C.llama_get_memory(ctx)
+    vocab = C.llama_model_get_vocab(model)
+    n_vocab = C.llama_vocab_n_tokens(vocab)
+    batch = C.llama_batch_init(max(2048, n_ctx), 0, 1)
+
+    def decode(tokens: list[int], pos: int) -> int:
+        batch.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, pos + i, 1, 0
+            batch.logits[i] = i == len(tokens) - 1
+        if C.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        row = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, len(tokens) - 1), shape=(n_vocab,))
+        return int(np.argmax(row))
+
+    def run(prompt: list[int], n: int) -> float:
+        C.llama_memory_clear(mem, True)
+        tok = decode(prompt, 0)
+        pos = len(prompt)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = decode([tok], pos)
+            pos += 1
+        return (time.perf_counter() - t0) / n
+
+    def close() -> None:
+        C.llama_batch_free(batch)
+        C.llama_free(ctx)
+        C.llama_model_free(model)
+
+    return run, close
+
+
+def model_loop(model: Any, prompt: list[int], n: int) -> float:
+    model.reset()
+    tok = int(np.argmax(model.decode(prompt, 0)[0]))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = int(np.argmax(model.decode([tok], model.n_past)[0]))
+    return (time.perf_counter() - t0) / n
+
+
+def _engine_per_decode(eng: Any, prompt: list[int], n: int) -> float:
+    """Seconds per decode after the prompt: n + 1 tokens take n decodes (the first comes from the prefill)."""
+    from edgespec.config import SamplingParams
+
+    st = eng.generate(tokens=prompt, sampling=SamplingParams(temperature=0), max_tokens=n + 1).stats
+    return st.decode_seconds / max(st.n_generated - 1, 1)
+
+
+def llama_bench_ms(bin_dir: Path, target: str, n: int, depth: int, threads: int) -> float | None:
+    exe = bin_dir / "llama-bench"
+    if not exe.is_file():
+        return None
+    cmd = [str(exe), "-m", target, "-p", "0", "-n", str(n), "-d", str(depth), "-t", str(threads), "-r", "1", "-o", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        return None
+    rows = json.loads(p.stdout)
+    return 1000.0 / float(rows[0]["avg_ts"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--depths", type=int, nargs="+", default=[16, 512])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--only", nargs="+", default=None, help="configurations to run (default: all)")
+    ap.add_argument("--json-out", type=Path, default=None)
+    args = ap.parse_args()
+
+    from edgespec.backend import Model, default_threads
+    from edgespec.config import ModelSpec
+    from edgespec.engine import Engine
+    from edgespec.models import resolve_model
+    from edgespec.paths import cache_dir
+
+    threads = args.threads or default_threads()
+    target, draft = str(resolve_model(None, "target")), str(resolve_model(None, "draft"))
+    n_ctx = 4096
+    bare_run, bare_close = bare_loop_factory(target, n_ctx, threads)
+    m = Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads))
+    m2 = Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads))
+    d = Model(ModelSpec(draft, n_ctx=n_ctx, n_threads=threads))
+    d.decode(list(range(100, 116)), 0)  # the draft has run, as after calibration
+    eng = Engine(Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads)), None, drafter="none")
+    bins = sorted((cache_dir() / "llamacpp").glob("build-*/bin"))
+    bin_dir = bins[-1] if bins else Path("/nonexistent")
+    rng = np.random.default_rng(0)
+    configs: dict[str, Callable[[list[int]], float | None]] = {
+        "bare": lambda p: bare_run(p, args.tokens),
+        "model": lambda p: model_loop(m, p, args.tokens),
+        "model+draft": lambda p: model_loop(m2, p, args.tokens),
+        "engine": lambda p: _engine_per_decode(eng, p, args.tokens),
+        "llama-bench": lambda p: (lambda ms: None if ms is None else ms / 1000.0)(llama_bench_ms(bin_dir, target, args.tokens, len(p), threads)),
+    }
+    if args.only:
+        configs = {k: v for k, v in configs.items() if k in args.only}
+    results: dict[str, dict[str, list[float]]] = {}
+    for r in range(args.rounds):
+        for depth in args.depths:
+            prompt = [int(t) for t in rng.integers(1000, 20000, depth)]
+            names = list(configs) if r % 2 == 0 else list(reversed(configs))
+            for name in names:
+                s = configs[name](prompt)
+                if s is not None:
+                    results.setdefault(f"{depth}", {}).setdefault(name, []).append(1000.0 * s)
+            print(f"round {r + 1}, depth {depth}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results[f'{depth}'].items()), file=sys.stderr)
+    print(f"target {os.path.basename(target)}, {threads} threads, {args.tokens} tokens, {args.rounds} rounds (median ms per token)")
+    for depth, per in results.items():
+        base = statistics.median(per["bare"]) if "bare" in per else None
+        cells = []
+        for name, v in per.items():
+            med = statistics.median(v)
+            cells.append(f"{name} {med:.1f} ms" + (f" ({base / med:.3f}x bare)" if base else ""))
+        print(f"depth {depth}: " + " | ".join(cells))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=1))
+    for mm in (m, m2, d):
+        mm.close()
+    eng.close()
+    bare_close()
+
+
+if __name__ == "__main__":
+    main()
