@@ -434,7 +434,8 @@ def sample_children(
     """b draws from the probability row q_row, each with the row it was drawn from (to pass to TokenTree.add).
 
     replacement False (the default): without replacement, sibling j's row is q with siblings 1..j-1 removed and
-    renormalised (fewer than b when q has fewer positive entries). True: i.i.d., every sibling carries q_row."""
+    renormalised (fewer than b when q has fewer positive entries). True: i.i.d., every sibling carries the same
+    row. One rng.random() per draw; a few passes over the row per sibling."""
     q = np.asarray(q_row, dtype=np.float64)
     q = q / q.sum()
     out: list[tuple[int, np.ndarray]] = []
