@@ -82,7 +82,7 @@ class Model:
     functions (tokenize, token_bytes, detokenize) may be called from any thread, and `close` waits for them.
     """
 
-    def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0) -> None:
+    def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0, tree_paths: int = 0) -> None:
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()
@@ -112,7 +112,11 @@ class Model:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
+        # tree_paths > 0: token trees are verified with one sequence per root-to-leaf path (1..tree_paths) beside the
+        # main sequence 0, in one unified cache (the paths share the context's cells)
+        self.tree_paths = max(0, int(tree_paths))
+        cparams.n_seq_max = 1 + self.tree_paths
+        cparams.kv_unified = self.tree_paths > 0
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -131,7 +135,7 @@ class Model:
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
         # every id of the vocabulary through ctypes costs ~0.1 s on a 152k vocabulary: acceptable once per load
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._vocab, i))
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        self._batch = C.llama_batch_init(n_batch, 0, 1 + self.tree_paths)
         # Every slot belongs to sequence 0; set once. Token/pos/logits arrays are numpy views over the C batch.
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
@@ -271,8 +275,7 @@ class Model:
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
-        # whatever llama.cpp holds past `cached` (an interrupted step's leftovers) goes first
-        C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        self._clean()
         for c0 in range(0, n, self.n_batch):
             if should_stop is not None and c0 > 0 and should_stop():
                 raise StopRequested()
@@ -301,6 +304,87 @@ class Model:
         if list(rows) == want:
             return out
         return out[[order[r % n] for r in rows]]
+
+    def _clean(self) -> None:
+        """Drop whatever llama.cpp holds past `cached` in sequence 0, and every tree sequence (an interrupted step's
+        leftovers): the next decode starts from exactly `cached`."""
+        C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        for s in range(1, 1 + self.tree_paths):
+            C.llama_memory_seq_rm(self._mem, s, -1, -1)
+
+    def decode_tree(self, tokens: Sequence[int], parents: Sequence[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
+        """Verify a token tree in one llama_decode. tokens[0] is the root: the context's last token, which the cache
+        does not hold yet; every other node i has a parent parents[i] < i and sits at the parent's position + 1.
+        `paths` lists the root-to-leaf paths as node indices (each starts with 0); path j is sequence j + 1, the
+        context is shared with every path, and a node carries the sequence ids of all paths through it. Returns the
+        logits row of every node (row i predicts the token after the path ending at node i). The cache then holds
+        the context and the root in sequence 0; `keep_tree_path` keeps an accepted path and drops the rest."""
+        self._live()
+        n = len(tokens)
+        if not 1 <= len(paths) <= self.tree_paths:
+            raise BackendError(f"a tree of {len(paths)} paths needs a model loaded with tree_paths >= {len(paths)}")
+        if n > self.n_batch:
+            raise BackendError(f"a tree of {n} nodes does not fit a batch of {self.n_batch}")
+        depth = [0] * n
+        for i in range(1, n):
+            if not 0 <= parents[i] < i:
+                raise BackendError(f"tree node {i} has parent {parents[i]}; parents must come first")
+            depth[i] = depth[parents[i]] + 1
+        start = self.n_past
+        if start + n > self.n_ctx or start + max(depth) >= self.n_ctx:
+            raise ContextFullError(f"context full: a tree of {n} nodes after {start} tokens does not fit n_ctx={self.n_ctx}")
+        toks = np.asarray(tokens, dtype=np.int64)
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise BackendError(f"token id out of range [0, {self.n_vocab})")
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        for j, path in enumerate(paths):
+            for node in path:
+                seqs[node].append(j + 1)
+        seqs[0] = [0] + seqs[0]
+        self._clean()
+        for j in range(len(paths)):
+            C.llama_memory_seq_cp(self._mem, 0, j + 1, -1, -1)  # the context is visible to every path
+        b = self._batch
+        for i in range(n):
+            b.token[i] = int(toks[i])
+            b.pos[i] = start + depth[i]
+            b.n_seq_id[i] = len(seqs[i])
+            for k, sid in enumerate(seqs[i]):
+                b.seq_id[i][k] = sid
+            b.logits[i] = 1
+        b.n_tokens = n
+        try:
+            rc = C.llama_decode(self._ctx, b)
+        finally:
+            for i in range(n):  # the batch's slots belong to sequence 0 again (decode() relies on it)
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+        if rc != 0:
+            self._clean()
+            raise BackendError(f"llama_decode failed with code {rc}")
+        out = np.empty((n, self.n_vocab), dtype=np.float32)
+        for i in range(n):
+            out[i] = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+        self.cached += [int(toks[0])]
+        self.n_decoded += n
+        self._tree = (start, [int(t) for t in toks], list(paths))
+        if not np.isfinite(out.max(axis=1)).all():
+            raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
+        return out
+
+    def keep_tree_path(self, path: int, n_keep: int) -> None:
+        """After decode_tree: keep the first n_keep nodes after the root of path `path` in sequence 0 (the accepted
+        drafts) and drop every tree sequence."""
+        self._live()
+        start, toks, paths = self._tree
+        nodes = paths[path][1 : 1 + n_keep]
+        if len(nodes) != n_keep or self.n_past != start + 1:
+            raise BackendError("keep_tree_path does not match the last decode_tree")
+        if n_keep:
+            C.llama_memory_seq_cp(self._mem, path + 1, 0, start + 1, start + 1 + n_keep)
+        for s in range(1, 1 + self.tree_paths):
+            C.llama_memory_seq_rm(self._mem, s, -1, -1)
+        self.cached += [toks[i] for i in nodes]
 
     def truncate(self, n_past: int) -> None:
         """Forget every cached token at position >= n_past."""

@@ -168,3 +168,49 @@ def test_info_summary(tiny):
     s = inspect_gguf(tiny["target"]).summary()
     assert s["architecture"] == "llama" and s["vocab_size"] == 263 and s["chat_template"]
     assert s["quantization"] == "ALL_F32"
+
+
+# --------------------------------------------------------------------------------------------- trees and snapshots
+def test_tree_rows_equal_chain_decoding_and_the_kept_path_continues(tiny):
+    """One decode of a token tree gives, for every node, the logits a chain decode of its path gives; keeping a
+    path leaves the cache as if that path alone had been decoded."""
+    ctx = [97, 98, 99, 32, 100]
+    tokens = [ctx[-1], 97, 98, 99, 100, 101]  # root, then a, b at depth 1; c, d under a; e under b
+    parents = [-1, 0, 0, 1, 1, 2]
+    paths = [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
+    with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), tree_paths=4) as m, Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1)) as ref:
+        m.sync(ctx[:-1], rows=())
+        rows = m.decode_tree(tokens, parents, paths)
+        for path in paths:
+            ref.reset()
+            chain = ref.decode(ctx[:-1] + [tokens[i] for i in path], 0, range(len(ctx) - 1, len(ctx) - 1 + len(path)))
+            for k, node in enumerate(path):
+                assert np.max(np.abs(rows[node] - chain[k])) < 1e-3
+        m.keep_tree_path(1, 2)
+        assert m.cached == ctx + [97, 100]
+        nxt = m.decode([5], m.n_past)[0]
+        ref.reset()
+        assert np.max(np.abs(nxt - ref.decode(ctx + [97, 100, 5], 0)[0])) < 1e-2
+        # an interrupted tree (no keep) is cleaned up by the next decode: the cache is the main sequence again
+        m.truncate(len(ctx) - 1)
+        m.decode_tree(tokens, parents, paths)
+        m.truncate(len(ctx) - 1)
+        again = m.decode([ctx[-1]], len(ctx) - 1)[0]
+        ref.reset()
+        assert np.max(np.abs(again - ref.decode(ctx, 0)[0])) < 1e-2
+        with pytest.raises(BackendError, match="tree_paths"):
+            ref.decode_tree(tokens, parents, paths)
+
+
+def test_snapshot_restore_equals_a_fresh_prefill(tiny):
+    ctx = [int(t) for t in np.random.default_rng(0).integers(97, 105, 60)]
+    with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), prompt_cache_bytes=8 << 20) as m:
+        m.sync(ctx, rows=())
+        other = [int(t) for t in np.random.default_rng(1).integers(97, 105, 50)]
+        m.sync(other, rows=())  # throws ctx away: a snapshot is kept first
+        assert m.prompt_cache is not None and len(m.prompt_cache) == 1
+        before = m.n_decoded
+        row = m.sync(ctx + [100])[0]  # the snapshot shares all of ctx: restored, only one token decoded
+        assert m.n_decoded - before == 1 and m.prompt_cache.restores == 1
+        with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1)) as fresh:
+            assert np.max(np.abs(row - fresh.decode(ctx + [100], 0)[0])) < 1e-2
