@@ -312,48 +312,39 @@ class Model:
         for s in range(1, 1 + self.tree_paths):
             C.llama_memory_seq_rm(self._mem, s, -1, -1)
 
-    def decode_tree(self, tokens: Sequence[int], parents: Sequence[int], paths: Sequence[Sequence[int]]) -> np.ndarray:
-        """Verify a token tree in one llama_decode. tokens[0] is the root: the context's last token, which the cache
-        does not hold yet; every other node i has a parent parents[i] < i and sits at the parent's position + 1.
-        `paths` lists the root-to-leaf paths as node indices (each starts with 0); path j is sequence j + 1, the
-        context is shared with every path, and a node carries the sequence ids of all paths through it. Returns the
-        logits row of every node (row i predicts the token after the path ending at node i). The cache then holds
-        the context and the root in sequence 0; `keep_tree_path` keeps an accepted path and drops the rest."""
+    def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """Verify a token tree in one llama_decode (layout: tree.TokenTree.batch). Row 0 is the root: the context's
+        last token, which the cache does not hold yet; row i sits at depth depths[i] (the root's is 0) and belongs to
+        the tree paths seq_ids[i] (0-based; path s is llama.cpp sequence s + 1, and the context is shared with every
+        path). Returns the logits of every row. The cache then holds the context and the root in sequence 0;
+        `keep_tree_path` keeps the accepted path and drops the rest."""
         self._live()
         n = len(tokens)
-        if not 1 <= len(paths) <= self.tree_paths:
-            raise BackendError(f"a tree of {len(paths)} paths needs a model loaded with tree_paths >= {len(paths)}")
+        n_paths = 1 + max((s for ids in seq_ids for s in ids), default=0)
+        if n_paths > self.tree_paths:
+            raise BackendError(f"a tree of {n_paths} paths needs a model loaded with tree_paths >= {n_paths}")
         if n > self.n_batch:
             raise BackendError(f"a tree of {n} nodes does not fit a batch of {self.n_batch}")
-        depth = [0] * n
-        for i in range(1, n):
-            if not 0 <= parents[i] < i:
-                raise BackendError(f"tree node {i} has parent {parents[i]}; parents must come first")
-            depth[i] = depth[parents[i]] + 1
         start = self.n_past
-        if start + n > self.n_ctx or start + max(depth) >= self.n_ctx:
+        if start + n > self.n_ctx or start + max(depths) >= self.n_ctx:
             raise ContextFullError(f"context full: a tree of {n} nodes after {start} tokens does not fit n_ctx={self.n_ctx}")
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
-        seqs: list[list[int]] = [[] for _ in range(n)]
-        for j, path in enumerate(paths):
-            for node in path:
-                seqs[node].append(j + 1)
-        seqs[0] = [0] + seqs[0]
         self._clean()
-        for j in range(len(paths)):
-            C.llama_memory_seq_cp(self._mem, 0, j + 1, -1, -1)  # the context is visible to every path
+        for s in range(n_paths):
+            C.llama_memory_seq_cp(self._mem, 0, s + 1, -1, -1)  # the context is visible to every path
         b = self._batch
-        for i in range(n):
-            b.token[i] = int(toks[i])
-            b.pos[i] = start + depth[i]
-            b.n_seq_id[i] = len(seqs[i])
-            for k, sid in enumerate(seqs[i]):
-                b.seq_id[i][k] = sid
-            b.logits[i] = 1
-        b.n_tokens = n
         try:
+            for i in range(n):
+                ids = ([0] if i == 0 else []) + [s + 1 for s in seq_ids[i]]
+                b.token[i] = int(toks[i])
+                b.pos[i] = start + int(depths[i])
+                b.n_seq_id[i] = len(ids)
+                for k, sid in enumerate(ids):
+                    b.seq_id[i][k] = sid
+                b.logits[i] = 1
+            b.n_tokens = n
             rc = C.llama_decode(self._ctx, b)
         finally:
             for i in range(n):  # the batch's slots belong to sequence 0 again (decode() relies on it)
@@ -367,24 +358,23 @@ class Model:
             out[i] = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
         self.cached += [int(toks[0])]
         self.n_decoded += n
-        self._tree = (start, [int(t) for t in toks], list(paths))
+        self._tree = (start, n_paths)
         if not np.isfinite(out.max(axis=1)).all():
             raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
         return out
 
-    def keep_tree_path(self, path: int, n_keep: int) -> None:
-        """After decode_tree: keep the first n_keep nodes after the root of path `path` in sequence 0 (the accepted
-        drafts) and drop every tree sequence."""
+    def keep_tree_path(self, path: int, tokens: Sequence[int]) -> None:
+        """After decode_tree: keep the accepted drafts `tokens`, the first nodes after the root of tree path `path`,
+        in sequence 0, and drop every tree sequence."""
         self._live()
-        start, toks, paths = self._tree
-        nodes = paths[path][1 : 1 + n_keep]
-        if len(nodes) != n_keep or self.n_past != start + 1:
+        start, n_paths = self._tree
+        if self.n_past != start + 1 or not 0 <= path < n_paths:
             raise BackendError("keep_tree_path does not match the last decode_tree")
-        if n_keep:
-            C.llama_memory_seq_cp(self._mem, path + 1, 0, start + 1, start + 1 + n_keep)
+        if tokens:
+            C.llama_memory_seq_cp(self._mem, path + 1, 0, start + 1, start + 1 + len(tokens))
         for s in range(1, 1 + self.tree_paths):
             C.llama_memory_seq_rm(self._mem, s, -1, -1)
-        self.cached += [toks[i] for i in nodes]
+        self.cached += [int(t) for t in tokens]
 
     def truncate(self, n_past: int) -> None:
         """Forget every cached token at position >= n_past."""

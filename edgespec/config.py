@@ -131,6 +131,9 @@ class SpecConfig:
     ngram_n_max, ngram_n_min: the longest and shortest context suffix the n-gram lookup matches.
     ngram_draft_max: the most tokens an n-gram lookup drafts per cycle (adaptive mode; a lookup is free, so it
         may draft longer than the draft model when text is being copied).
+    tree_nodes, tree_width: the largest token tree the suffix-index drafter ("suffix", "model+suffix") may verify
+        in one decode, and the most candidates per node (width 1 = chains only). The tree actually verified is
+        chosen from the measured costs each cycle and is often a short chain on a CPU.
     """
 
     draft_max: int = 8
@@ -140,6 +143,8 @@ class SpecConfig:
     ngram_n_max: int = 4
     ngram_n_min: int = 2
     ngram_draft_max: int = 16
+    tree_nodes: int = 8
+    tree_width: int = 3
 
     def __post_init__(self) -> None:
         _int("draft_max", self.draft_max, 0, 64)
@@ -152,6 +157,8 @@ class SpecConfig:
         if self.draft_temperature is not None and not (_real("draft_temperature", self.draft_temperature) >= 0):
             raise ConfigError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
         _int("ngram_n_min", self.ngram_n_min, 1, 64)
+        _int("tree_nodes", self.tree_nodes, 1, 64)
+        _int("tree_width", self.tree_width, 1, 8)
         _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 

@@ -23,6 +23,7 @@ import os
 import time
 import weakref
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -38,7 +39,9 @@ from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, make_speculator, model_draft_used
+from .speculators import KINDS, TREE_KINDS, make_speculator, model_draft_used
+from .suffix_index import SuffixIndex
+from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
@@ -85,12 +88,14 @@ class Engine:
         spec: SpecConfig | None = None,
         calibration: cal.Calibration | None = None,
         max_queue: int | None = None,
+        memory: SuffixIndex | None = None,
+        memory_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if drafter == "auto":
             drafter = "model+ngram" if draft is not None else "none"
         if drafter not in DRAFTER_KINDS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
-        if drafter in ("model", "model+ngram") and draft is None:
+        if drafter in ("model", "model+ngram", "model+suffix") and draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model")
         if max_queue is not None:
             _check_int("max_queue", max_queue, 1)
@@ -106,9 +111,14 @@ class Engine:
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._closed = False
+        if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
+            raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
+        # the suffix drafter's memory of everything seen (saved to memory_path when the engine closes)
+        self.memory = memory if memory is not None else (SuffixIndex(vocab=vocab_fingerprint(target)) if drafter in TREE_KINDS else None)
+        self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         self._worker = Worker(max_queue)
         models = [m for m in (target, draft) if m is not None]
-        self._finalizer = weakref.finalize(self, shutdown, self._worker, models)
+        self._finalizer = weakref.finalize(self, shutdown, self._worker, models, self.memory, self.memory_path)
 
     @classmethod
     def load(
@@ -121,10 +131,13 @@ class Engine:
         calibrate_costs: bool = True,
         prompt_cache_mb: float = 256,
         max_queue: int | None = None,
+        memory: str | os.PathLike[str] | bool | None = True,
     ) -> "Engine":
         """Validate both files, check that they share a tokenizer (before any weights load), load them and
         measure decode costs (cached per machine, checked at every load). prompt_cache_mb: host memory for KV
-        snapshots of conversations the engine left (0 = none), per model."""
+        snapshots of conversations the engine left (0 = none), per model. memory (suffix drafters only): True keeps
+        the memory of everything seen in the user cache across runs, a path keeps it there, False/None keeps it in
+        this process only."""
         if not isinstance(prompt_cache_mb, (int, float)) or isinstance(prompt_cache_mb, bool) or not (0 <= prompt_cache_mb < math.inf):
             raise ConfigError(f"prompt_cache_mb must be a number >= 0, got {prompt_cache_mb!r}")
         if spec is not None and not isinstance(spec, SpecConfig):
@@ -137,13 +150,19 @@ class Engine:
             dinfo = inspect_gguf(dspec.path)
             require_compatible(tinfo, dinfo)
         cache_bytes = int(prompt_cache_mb * 2**20)
-        t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes)
+        kind = drafter if drafter != "auto" else ("model+ngram" if dspec is not None else "none")
+        paths = (spec or SpecConfig()).tree_nodes if kind in TREE_KINDS else 0
+        t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)
         d = None
         try:
             if dspec is not None:
                 d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
             calib = cal.calibrate(t, d) if calibrate_costs else None
-            return cls(t, d, drafter=drafter, spec=spec, calibration=calib, max_queue=max_queue)
+            index, where = None, None
+            if kind in TREE_KINDS and memory:
+                where = suffix_default_path(vocab_fingerprint(t)) if memory is True else Path(os.fspath(memory))
+                index = SuffixIndex.load(where, vocab=vocab_fingerprint(t)) if where.exists() else None
+            return cls(t, d, drafter=drafter, spec=spec, calibration=calib, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()
             if d is not None:
@@ -303,12 +322,26 @@ class Engine:
         self._worker.submit(Job(run))
         return fut
 
-    def reset_caches(self) -> None:
-        """Empty both models' KV caches (their snapshots stay); waits for the queue."""
+    def remember(self, text: str, source: str = "") -> int:
+        """Add a text (a file the user points at) to the suffix drafter's memory; returns its token count (0 when this
+        engine has no memory)."""
+        self._live()
+        memory = self.memory
+        if memory is None:
+            return 0
+        toks = self.target.tokenize(text, parse_special=False)
+        self.submit(lambda eng: memory.add_document(toks, source)).result()
+        return len(toks)
+
+    def reset_caches(self, *, memory: bool = False) -> None:
+        """Empty both models' KV caches (their snapshots stay) and, with memory, the suffix memory; waits for the
+        queue."""
         def reset(eng: "Engine") -> None:
             eng.target.reset()
             if eng.draft is not None:
                 eng.draft.reset()
+            if memory and eng.memory is not None:
+                eng.memory.clear()
 
         self.submit(reset).result()
 
@@ -348,7 +381,7 @@ class Engine:
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)
         kind = self.drafter_kind if speculative else "none"
-        speculator = make_speculator(kind, self.spec, sampling, cost, self.draft)
+        speculator = make_speculator(kind, self.spec, sampling, cost, self.draft, self.memory)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(
@@ -397,6 +430,13 @@ class Engine:
         with job.lock:
             texts.append(chunk.text)
         job.push(chunk)
+
+
+def vocab_fingerprint(model: Model) -> str:
+    """A name for the model's vocabulary (the suffix memory is only reused with the same one)."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256("\x00".join(model.info.tokens).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 class _LazySpecials:

@@ -149,9 +149,17 @@ class Worker:
             self.thread.join()
 
 
-def shutdown(worker: "Worker", models: list[Any]) -> None:
-    """Stop the worker, then free the models (never while a job runs on them)."""
+def shutdown(worker: "Worker", models: list[Any], memory: Any = None, memory_path: str | None = None) -> None:
+    """Stop the worker, save the suffix memory (where asked), then free the models (never while a job runs)."""
     worker.shutdown()
+    if memory is not None and memory_path is not None:
+        try:
+            import os
+
+            os.makedirs(os.path.dirname(memory_path) or ".", exist_ok=True)
+            memory.save(memory_path)
+        except OSError:
+            pass  # the memory is a cache: losing it costs speed, never correctness
     for m in models:
         m.close()
 

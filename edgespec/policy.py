@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 
 from .config import SpecConfig
+from .tree_shape import TreeShape, best_tree, from_conditional
 from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
@@ -488,4 +489,108 @@ class NgramPolicy:
         }
 
 
-__all__ = ["AcceptanceEstimator", "Controller", "MatchLengthEstimator", "NgramPolicy"]
+
+
+# --------------------------------------------------------------------------------------------- tree policy
+class TreePolicy:
+    """The tree to verify for a lookup proposal with several candidates per node (a suffix-index trie).
+
+    Acceptance is modelled per depth d and rank r as c(d, r), the chance that the rank-r candidate is accepted
+    given that its parent was and the better-ranked siblings were not: c(d, 1) = α(m + d - 1) from a
+    MatchLengthEstimator on the proposal's match run m (as NgramPolicy does for chains), and c(d, r >= 2) = β_r,
+    learnt per rank (decayed counts shrunk to a prior). tree_shape.best_tree turns the table into the shape with the
+    best expected tokens per second on the cost curve (a chain or plain decoding when those win); a tree must promise
+    `min_gain` over plain decoding. With spec.adaptive False the shape is the full candidate trie.
+
+    Feedback (`observe_walk`): for every node on the accepted path and the node where it stopped, which ranks were
+    tried and which was accepted.
+    """
+
+    RANK_PRIOR = 0.15
+
+    def __init__(
+        self, spec: SpecConfig, cost: CostModel, max_nodes: int, max_width: int = 4, *, min_gain: float = 0.05,
+        estimator: MatchLengthEstimator | None = None, decay: float = 0.995,
+    ) -> None:
+        if max_nodes < 1 or max_width < 1:
+            raise ValueError("need max_nodes >= 1 and max_width >= 1")
+        self.spec = spec
+        self.cost = cost if not cost.c_draft else cost.view(0.0)
+        self.max_nodes = max_nodes
+        self.max_width = max_width
+        self.max_depth = min(spec.ngram_draft_max, max_nodes) if spec.adaptive else spec.draft_max
+        self.min_gain = min_gain
+        self.estimator = estimator if estimator is not None else MatchLengthEstimator()
+        self.decay = decay
+        self.rank_hits = np.zeros(max_width)
+        self.rank_tries = np.zeros(max_width)
+        self.shapes: Counter[tuple[int, int]] = Counter()  # (nodes, width) chosen
+        self.cycles = 0
+        self.nodes_drafted = 0
+        self.tokens_accepted = 0
+        self.shadow_seen = 0
+        self.shadow_hits = 0
+
+    def rank_rates(self) -> np.ndarray:
+        """β_r for ranks 2..max_width (index 0 unused: rank 1 follows the match run)."""
+        w = 2.0
+        return (self.rank_hits + w * self.RANK_PRIOR) / (self.rank_tries + w)
+
+    def table(self, run: int, depth: int) -> np.ndarray:
+        """Positional acceptance a(d, r) for d = 1..depth (tree_shape's input)."""
+        beta = self.rank_rates()
+        alphas = self.estimator.rates(run, depth)
+        rows = [from_conditional([alphas[d]] + list(beta[1 : self.max_width])) for d in range(depth)]
+        return np.array(rows)
+
+    def choose(self, run: int, depth: int, budget_nodes: int) -> TreeShape:
+        depth = min(depth, self.max_depth)
+        if depth < 1 or budget_nodes < 1:
+            return TreeShape((), (), (), 1.0, self.cost.cycle_time(0))
+        shape = best_tree(self.table(run, depth), self.cost, min(self.max_nodes, budget_nodes), min_gain=self.min_gain)
+        self.shapes[(shape.n_nodes, shape.width)] += 1
+        return shape
+
+    def observe_walk(self, run: int, tried: list[tuple[int, int, bool]], t_verify: float, n_nodes: int) -> None:
+        """tried: (depth, rank (0-based), accepted) for every candidate the verification tried, in order."""
+        self.cycles += 1
+        self.nodes_drafted += n_nodes
+        self.cost.update_verify(n_nodes + 1, t_verify)
+        factor = self.decay ** max(1, sum(1 for _, _, ok in tried if ok) + 1)
+        self.rank_hits *= factor
+        self.rank_tries *= factor
+        self.estimator.age(sum(1 for _, _, ok in tried if ok) + 1)
+        for depth, rank, ok in tried:
+            self.tokens_accepted += int(ok)
+            if rank == 0:
+                self.estimator.observe(run + depth - 1, ok)
+            elif rank < self.max_width:
+                self.rank_tries[rank] += 1
+                self.rank_hits[rank] += float(ok)
+
+    def observe_plain(self, t_verify: float, n_tokens: int = 1) -> None:
+        if t_verify > 0 and n_tokens == 1:
+            self.cost.update_verify(1, t_verify)
+        self.estimator.age(n_tokens)
+
+    def observe_shadow(self, run: int, hit: bool) -> None:
+        self.shadow_seen += 1
+        self.shadow_hits += bool(hit)
+        self.estimator.observe(run, hit)
+
+    def stats(self) -> dict:
+        return {
+            "shapes": {f"{n}x{w}": c for (n, w), c in sorted(self.shapes.items())},
+            "cycles": self.cycles,
+            "nodes_drafted": self.nodes_drafted,
+            "tokens_accepted": self.tokens_accepted,
+            "rank_acceptance": [round(float(x), 4) for x in self.rank_rates()[1:]],
+            "shadow": {"seen": self.shadow_seen, "hits": self.shadow_hits},
+            "alpha_by_run": {
+                str(e): round(float(a), 4) for e, a in zip(MatchLengthEstimator.BUCKET_EDGES, self.estimator.alphas())
+            },
+            "verify": self.cost.points,
+        }
+
+
+__all__ = ["AcceptanceEstimator", "Controller", "MatchLengthEstimator", "NgramPolicy", "TreePolicy"]

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Generator, Protocol, Sequence
+from typing import Any, Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
 from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled
+from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from .config import SamplingParams
 from .errors import ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
@@ -219,34 +220,32 @@ def speculate(
             budget = room - 1  # drafted tokens: each accepted one plus the target's own must fit
             proposal = speculator.propose(ctx, budget, rng) if speculator is not None and budget > 0 else Proposal()
             t1 = time.perf_counter()
-            draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
-            if pending is None:  # the cache holds all but the last token, which opens the verify batch
-                logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
-            else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
-                rows = target.decode(draft[:n_decode], L, range(n_decode)) if n_decode else pending[:0]
-                logits, pending = np.concatenate([pending, rows]), None
+            if proposal.tree is not None and len(proposal.tree):
+                if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
+                    target.truncate(L - 1)
+                    pending = None
+                new, n_drafted, n = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng)
+            else:
+                new, n_drafted, n = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending)
+                pending = None
             t2 = time.perf_counter()
-            # the first cycle's decode is not a verify of n_decode + 1 tokens: its time must not teach the costs
+            # the first cycle's decode is not a verify of n_drafted + 1 tokens: its time must not teach the costs
             t_verify = t2 - t1 if stats.n_cycles else 0.0
-            verdict = verify(draft, q, logits, ctx, sampling, rng, stats)
-            n = verdict.n_accepted
-            target.truncate(L + n)
-            new = draft[:n] + [verdict.token]
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
             if eog_at is not None:
                 new = new[: eog_at + 1]
             ctx.extend(new)
             n_gen += len(new)
-            source = proposal.source if draft else "plain"
+            source = proposal.source if n_drafted else "plain"
             n_kept = min(n, len(new))
             if stats.n_cycles == 0:
                 stats.ttft = time.perf_counter() - start
-            stats.record_cycle(len(draft), n_kept, len(new), source, t1 - t0, t2 - t1)
+            stats.record_cycle(n_drafted, n_kept, len(new), source, t1 - t0, t2 - t1)
             if speculator is not None:
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
                 # drafting really costs that, and the policy must see it or it resumes too eagerly.
-                speculator.observe(Outcome(len(draft), n_kept, len(new), t1 - t0, t_verify))
-            yield Step(new, len(draft), n_kept, source, t1 - t0, t2 - t1, eog_at is not None)
+                speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new)))
+            yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None)
             if eog_at is not None:
                 stats.stop_reason = "eos"
                 return
@@ -254,6 +253,94 @@ def speculate(
                 after_cycle()
     finally:
         stats.finish(time.perf_counter() - start)
+
+
+def _chain_cycle(
+    target: LanguageModel,
+    proposal: Proposal,
+    budget: int,
+    ctx: list[int],
+    sampling: SamplingParams,
+    rng: np.random.Generator | PositionalUniforms,
+    stats: GenerationStats | None,
+    pending: np.ndarray | None,
+) -> tuple[list[int], int, int]:
+    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept)."""
+    L = len(ctx)
+    draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
+    if pending is None:  # the cache holds all but the last token, which opens the verify batch
+        logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
+    else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
+        rows = target.decode(draft[:n_decode], L, range(n_decode)) if n_decode else pending[:0]
+        logits = np.concatenate([pending, rows])
+    verdict = verify(draft, q, logits, ctx, sampling, rng, stats)
+    n = verdict.n_accepted
+    target.truncate(L + n)
+    return draft[:n] + [verdict.token], len(draft), n
+
+
+class _TreeRows(Sequence[Any]):
+    """The target's rows for a tree, warped on first use (accept_tree reads only the rows along its walk): index 0
+    is the root row, i + 1 node i's; None for nodes that were not decoded."""
+
+    def __init__(self, tree: TokenTree, logits: np.ndarray, node_row: list[int], ctx: list[int], sampling: SamplingParams) -> None:
+        self.tree, self.logits, self.node_row, self.ctx, self.sampling = tree, logits, node_row, ctx, sampling
+        self._rows: dict[int, np.ndarray | int | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.tree) + 1
+
+    def __getitem__(self, i: Any) -> Any:
+        if i not in self._rows:
+            r = 0 if i == 0 else self.node_row[i - 1]
+            if r < 0:
+                self._rows[i] = None
+            else:
+                history = self.ctx + ([] if i == 0 else self.tree.path_tokens(i - 1))
+                row = self.logits[r]
+                self._rows[i] = greedy_token(row, self.sampling, history) if self.sampling.greedy else warp(row, self.sampling, history)
+        return self._rows[i]
+
+
+def _tree_cycle(
+    target: Any,
+    tree: TokenTree,
+    budget: int,
+    ctx: list[int],
+    sampling: SamplingParams,
+    rng: np.random.Generator | PositionalUniforms,
+) -> tuple[list[int], int, int]:
+    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept).
+    Nodes deeper than `budget` are dropped first; ids the target lacks are certain rejections, never decoded."""
+    L = len(ctx)
+    room = target.n_ctx - L  # cells for the tree's nodes after the context and the root
+    if tree.max_depth > budget or len(tree) > room:
+        tree = _prune(tree, budget, room)
+    if not len(tree):  # nothing fits: a plain step
+        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None)
+    tb = tree.batch(ctx[-1], L - 1, target.n_vocab)
+    logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)
+    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling)
+    if sampling.greedy:
+        verdict = accept_tree_greedy(tree, rows)
+    elif isinstance(rng, PositionalUniforms):
+        verdict = accept_tree_coupled(tree, rows, [rng.at(L + d) for d in range(tree.max_depth + 1)])
+    else:
+        verdict = accept_tree(tree, rows, rng)
+    path = tb.seq_ids[tb.node_row[verdict.path[-1]]][0] if verdict.path else 0
+    target.keep_tree_path(path, verdict.tokens)
+    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted
+
+
+def _prune(tree: TokenTree, max_depth: int, max_nodes: int) -> TokenTree:
+    """The tree without nodes deeper than max_depth, and its first max_nodes nodes at most (insertion order: parents
+    first, better ranks first); kept nodes keep their order and rank."""
+    out, index = TokenTree(), {ROOT: ROOT}
+    for i in range(len(tree)):
+        parent = tree.parents[i]
+        if len(out) < max_nodes and tree.depths[i] <= max_depth and parent in index:
+            index[i] = out.add(index[parent], tree.token(i), tree.q(i))
+    return out
 
 
 __all__ = ["LanguageModel", "Step", "speculate", "verify"]

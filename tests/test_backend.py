@@ -174,32 +174,37 @@ def test_info_summary(tiny):
 def test_tree_rows_equal_chain_decoding_and_the_kept_path_continues(tiny):
     """One decode of a token tree gives, for every node, the logits a chain decode of its path gives; keeping a
     path leaves the cache as if that path alone had been decoded."""
+    from edgespec.tree import TokenTree
+
     ctx = [97, 98, 99, 32, 100]
-    tokens = [ctx[-1], 97, 98, 99, 100, 101]  # root, then a, b at depth 1; c, d under a; e under b
-    parents = [-1, 0, 0, 1, 1, 2]
-    paths = [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
+    tree = TokenTree()
+    a, b = tree.add(-1, 97), tree.add(-1, 98)
+    tree.add(a, 99), tree.add(a, 100), tree.add(b, 101)
+    tb = tree.batch(ctx[-1], len(ctx) - 1)
+    depths = [p - (len(ctx) - 1) for p in tb.positions]
     with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), tree_paths=4) as m, Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1)) as ref:
         m.sync(ctx[:-1], rows=())
-        rows = m.decode_tree(tokens, parents, paths)
-        for path in paths:
+        rows = m.decode_tree(tb.tokens, depths, tb.seq_ids)
+        for path in tb.paths:
             ref.reset()
-            chain = ref.decode(ctx[:-1] + [tokens[i] for i in path], 0, range(len(ctx) - 1, len(ctx) - 1 + len(path)))
-            for k, node in enumerate(path):
-                assert np.max(np.abs(rows[node] - chain[k])) < 1e-3
-        m.keep_tree_path(1, 2)
+            chain = ref.decode(ctx + [tree.token(i) for i in path], 0, range(len(ctx) - 1, len(ctx) + len(path)))
+            for k, row in enumerate([0] + [tb.node_row[i] for i in path]):
+                assert np.max(np.abs(rows[row] - chain[k])) < 1e-3
+        s = tb.seq_ids[tb.node_row[3]][0]  # the path through node 3 (a, 100)
+        m.keep_tree_path(s, [97, 100])
         assert m.cached == ctx + [97, 100]
         nxt = m.decode([5], m.n_past)[0]
         ref.reset()
         assert np.max(np.abs(nxt - ref.decode(ctx + [97, 100, 5], 0)[0])) < 1e-2
         # an interrupted tree (no keep) is cleaned up by the next decode: the cache is the main sequence again
         m.truncate(len(ctx) - 1)
-        m.decode_tree(tokens, parents, paths)
+        m.decode_tree(tb.tokens, depths, tb.seq_ids)
         m.truncate(len(ctx) - 1)
         again = m.decode([ctx[-1]], len(ctx) - 1)[0]
         ref.reset()
         assert np.max(np.abs(again - ref.decode(ctx, 0)[0])) < 1e-2
         with pytest.raises(BackendError, match="tree_paths"):
-            ref.decode_tree(tokens, parents, paths)
+            ref.decode_tree(tb.tokens, depths, tb.seq_ids)
 
 
 def test_snapshot_restore_equals_a_fresh_prefill(tiny):

@@ -348,3 +348,127 @@ def test_the_loop_imports_without_llama_cpp():
     code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.speculate, edgespec.speculators, edgespec.costs, edgespec.policy"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ trees
+class FakeTreeModel(FakeModel):
+    """FakeModel that also verifies token trees (as backend.Model.decode_tree / keep_tree_path do)."""
+
+    tree_paths = 16
+
+    def decode_tree(self, tokens, depths, seq_ids):
+        start = len(self.cached)
+        assert all(0 <= t < self.n_vocab for t in tokens), f"a token outside the vocabulary was decoded: {tokens}"
+        assert start + len(tokens) <= self.n_ctx
+        rows = []
+        for i in range(len(tokens)):
+            path = []  # the ancestors of row i: one row per depth whose paths include all of row i's
+            for d in range(1, depths[i]):
+                j = next(j for j in range(1, i) if depths[j] == d and set(seq_ids[i]) <= set(seq_ids[j]))
+                path.append(tokens[j])
+            ctx = self.cached + [tokens[0]] + path + ([tokens[i]] if i else [])
+            rows.append(self.logits(ctx))
+        self.decoded_batches.append(list(tokens))
+        self.cached.append(tokens[0])
+        self.n_decoded += len(tokens)
+        return np.stack(rows)
+
+    def keep_tree_path(self, path, tokens):
+        self.cached.extend(tokens)
+
+
+class TreeSpeculator:
+    """Proposes a fixed-shape tree: the target's greedy token and the next-best at every node (width 2, depth 3),
+    deterministic; or, sampled=True, two draws without replacement from a blurred target (q reported)."""
+
+    name = "tree"
+
+    def __init__(self, target, sampled=False, extra=0):
+        self.target, self.sampled, self.extra = target, sampled, extra
+
+    def propose(self, context, budget, rng):
+        from edgespec.tree import TokenTree, sample_children
+
+        tree = TokenTree()
+
+        def grow(node, ctx, depth):
+            if depth > min(3, budget):
+                return
+            logits = self.target.logits(ctx)
+            if self.sampled:
+                x = np.concatenate([logits / 1.3, np.full(self.extra, 0.3)])
+                q = np.exp(x - x.max())
+                q /= q.sum()
+                kids = [(int(t), row) for t, row in sample_children(q, 2, rng)] if isinstance(rng, np.random.Generator) else []
+            else:
+                order = np.argsort(-logits)[:2]
+                kids = [(int(t), None) for t in order]
+            for t, q_row in kids:
+                c = tree.add(node, t, q_row)
+                if t < self.target.n_vocab:
+                    grow(c, ctx + [t], depth + 1)
+
+        grow(-1, list(context), 1)
+        return Proposal(source="tree", tree=tree)
+
+    def observe(self, outcome):
+        self.last = outcome
+
+    def stats(self):
+        return {}
+
+
+def test_trees_greedy_equal_plain_and_stop_where_plain_stops():
+    sp = SamplingParams(temperature=0)
+    for seed in range(6):
+        for n_ctx in (12, 17, 64):
+            plain, ps = run(FakeModel(n_ctx, seed=seed, eog=EOG), [1, 2], sp, np.random.default_rng(0), 40)
+            target = FakeTreeModel(n_ctx, seed=seed, eog=EOG)
+            out, st = run(target, [1, 2], sp, np.random.default_rng(0), 40, TreeSpeculator(target))
+            assert out == plain and st.stop_reason == ps.stop_reason
+            assert st.n_accepted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_trees_are_exact_at_temperature_one(sampled):
+    sp = SamplingParams(temperature=1.0, top_p=0.9)
+    target = FakeTreeModel(64, seed=2)
+    exact = exact_distribution(target, [1, 2], sp, 3)
+    rng = np.random.default_rng(4242 + sampled)
+    samples = []
+    for _ in range(N_SEQ):
+        out, _ = run(target, [1, 2], sp, rng, 3, TreeSpeculator(target, sampled=sampled, extra=2 if sampled else 0))
+        samples.append(tuple(out))
+    p = chi_square(samples, exact)
+    assert p > ALPHA, f"p = {p:.2e} (N = {N_SEQ})"
+
+
+def test_seeded_trees_equal_seeded_plain():
+    sp = SamplingParams(temperature=1.0)
+    for seed in range(20):
+        plain, _ = run(FakeModel(96, seed=1), [3, 4], sp, PositionalUniforms(seed), 30)
+        target = FakeTreeModel(96, seed=1)
+        out, st = run(target, [3, 4], sp, PositionalUniforms(seed), 30, TreeSpeculator(target))
+        assert out == plain and st.n_drafted > 0
+
+
+def test_a_broken_tree_rule_is_caught(monkeypatch):
+    """The control: a rule that always keeps the first child's path fails the same chi-square test."""
+    import edgespec.speculate as spec_mod
+    from edgespec.tree import TreeVerdict, sample_at
+
+    def broken(tree, rows, rng):
+        path, node = [], -1
+        while tree.children(node):
+            node = tree.children(node)[0]
+            path.append(node)
+        return TreeVerdict(path, [tree.token(i) for i in path], sample_at(rows[node + 1], rng.random()), True)
+
+    monkeypatch.setattr(spec_mod, "accept_tree", broken)
+    sp = SamplingParams(temperature=1.0)
+    target = FakeTreeModel(64, seed=2)
+    exact = exact_distribution(target, [1, 2], sp, 3)
+    rng = np.random.default_rng(1)
+    samples = [tuple(run(target, [1, 2], sp, rng, 3, TreeSpeculator(target))[0]) for _ in range(4000)]
+    assert chi_square(samples, exact) < 1e-6

@@ -47,7 +47,7 @@ FLAT = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.3}
 def models(tiny):
     opened = {}
     for key in ("target", "draft", "bad_draft"):
-        opened[key] = Model(ModelSpec(tiny[key], n_ctx=512, n_batch=64, n_threads=1))
+        opened[key] = Model(ModelSpec(tiny[key], n_ctx=512, n_batch=64, n_threads=1), tree_paths=8 if key == "target" else 0)
     # a second instance of the target, used as its own draft
     opened["target_as_draft"] = Model(ModelSpec(tiny["target"], n_ctx=512, n_batch=64, n_threads=1))
     yield opened
@@ -66,6 +66,18 @@ def lookup_speculator(policy: NgramPolicy | None = None, n_max: int = 4, **spec)
     return LookupSpeculator(NgramIndex(n_max, 1), policy or NgramPolicy(SpecConfig(**spec), cost))
 
 
+def suffix_speculator(adaptive: bool = False, memory=None):
+    """Suffix-index lookups verified as trees: a fixed shape (the best 8 candidates, width 3) or chosen from a
+    cheap-verify curve, so that trees are really verified."""
+    from edgespec.policy import TreePolicy
+    from edgespec.speculators import SuffixSpeculator
+    from edgespec.suffix_index import SuffixIndex
+
+    cost = CostModel({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.3}, frozen=True)
+    spec = SpecConfig(adaptive=adaptive, draft_max=4)
+    return SuffixSpeculator(memory if memory is not None else SuffixIndex(), TreePolicy(spec, cost, 8, 3, min_gain=0.0))
+
+
 def generate(target, ctx, sampling, rng, max_tokens, speculator=None, stats=None):
     out = []
     for step in speculate(target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats):
@@ -74,7 +86,7 @@ def generate(target, ctx, sampling, rng, max_tokens, speculator=None, stats=None
 
 
 # ------------------------------------------------------------------------------------------------ greedy
-GREEDY_KINDS = ["draft", "bad_draft", "draft-adaptive", "ngram-fixed", "lookup", "hybrid"]
+GREEDY_KINDS = ["draft", "bad_draft", "draft-adaptive", "ngram-fixed", "lookup", "hybrid", "suffix-tree", "suffix-adaptive"]
 
 
 def _greedy_speculator(kind, models, sp):
@@ -88,6 +100,8 @@ def _greedy_speculator(kind, models, sp):
         return lookup_speculator(draft_max=4, adaptive=False)
     if kind == "lookup":
         return lookup_speculator()
+    if kind.startswith("suffix"):
+        return suffix_speculator(adaptive=kind == "suffix-adaptive")
     return HybridSpeculator(model_speculator(models["draft"], sp, 4, adaptive=True), lookup_speculator())
 
 
@@ -283,6 +297,23 @@ def test_distribution_identity_through_the_engine(tiny, models, drafter, setting
     assert drafted > 0 and 0 < accepted < drafted
     p = chi_square(seqs, exact)
     assert p > ALPHA, f"{drafter}: chi-square p = {p:.2e} (N={N_SEQ})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["T0.7", "T1.0", "T1.5", "T1.0-topk3", "T1.0-topp0.8", "T1.5-minp0.1", "T1.0-repeat1.5"])
+def test_distribution_identity_token_trees(models, name):
+    """Suffix-index trees (width 3, up to 8 nodes) verified in one decode, with one memory shared by all N runs
+    (so candidates come from earlier sequences too)."""
+    from edgespec.suffix_index import SuffixIndex
+
+    sp = SETTINGS[name]
+    exact = exact_distribution(models["target"], PROMPT, sp, SEQ_LEN)
+    memory = SuffixIndex()
+    stats = GenerationStats()
+    seqs = sample_sequences(models["target"], sp, lambda: suffix_speculator(memory=memory), seed=SEEDS[name] + 100, stats=stats)
+    assert stats.n_drafted > 1000 and 0 < stats.n_accepted < stats.n_drafted
+    p = chi_square(seqs, exact)
+    assert p > ALPHA, f"{name}: chi-square p = {p:.2e} (N={N_SEQ})"
 
 
 @pytest.mark.slow

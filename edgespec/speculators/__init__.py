@@ -1,9 +1,11 @@
 """Drafting strategies, one object each (see base.py for the contract), and the one function that builds them.
 
-    model        a draft GGUF model; its Controller picks k per cycle and stops drafts early
-    ngram        prompt lookup; its NgramPolicy picks k after the lookup from the match run
-    model+ngram  the lookup when it has a proposal worth verifying, the draft model otherwise
-    none         plain decoding
+    model         a draft GGUF model; its Controller picks k per cycle and stops drafts early
+    ngram         prompt lookup; its NgramPolicy picks k after the lookup from the match run
+    suffix        a suffix index over everything the engine has seen; its TreePolicy picks a tree (or chain)
+    model+ngram   the lookup when it has a proposal worth verifying, the draft model otherwise
+    model+suffix  the same with the suffix index
+    none          plain decoding
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ from __future__ import annotations
 from ..config import SamplingParams, SpecConfig
 from ..costs import CostModel, draft_model_pays
 from ..ngram import NgramIndex
-from ..policy import Controller, NgramPolicy
+from ..policy import Controller, NgramPolicy, TreePolicy
+from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
 from .hybrid import HybridSpeculator
 from .lookup import LookupSpeculator
 from .model import DraftModel, ModelSpeculator
+from .suffix import SuffixSpeculator
 
-KINDS = ("model", "ngram", "model+ngram", "none")
+KINDS = ("model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
+TREE_KINDS = ("suffix", "model+suffix")
 
 
 def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel) -> bool:
     """Whether a speculator of this kind would run the draft model at all on these costs: never for "ngram" and
     "none"; for the others only where the hardware gate says a draft model can pay (or the draft length is fixed)."""
-    if kind not in ("model", "model+ngram") or spec.draft_max == 0:
+    if kind not in ("model", "model+ngram", "model+suffix") or spec.draft_max == 0:
         return False
     return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min)
 
@@ -34,6 +39,7 @@ def make_speculator(
     sampling: SamplingParams,
     cost: CostModel,
     draft_model: DraftModel | None = None,
+    memory: SuffixIndex | None = None,
 ) -> Speculator | None:
     """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
     model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
@@ -42,9 +48,13 @@ def make_speculator(
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "none" or spec.draft_max == 0:
         return None
-    lookup = None
+    lookup: LookupSpeculator | SuffixSpeculator | None = None
     if kind in ("ngram", "model+ngram"):
         lookup = LookupSpeculator(NgramIndex(spec.ngram_n_max, spec.ngram_n_min), NgramPolicy(spec, cost.view(0.0)))
+    elif kind in TREE_KINDS:
+        if memory is None:
+            raise ValueError(f"speculator {kind!r} needs a suffix index (memory)")
+        lookup = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width))
     if not model_draft_used(kind, spec, cost):
         return lookup
     if draft_model is None:
@@ -55,12 +65,14 @@ def make_speculator(
 
 __all__ = [
     "KINDS",
+    "TREE_KINDS",
     "Proposal",
     "Outcome",
     "Speculator",
     "ModelSpeculator",
     "LookupSpeculator",
     "HybridSpeculator",
+    "SuffixSpeculator",
     "make_speculator",
     "model_draft_used",
 ]

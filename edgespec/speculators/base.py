@@ -22,24 +22,28 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from ..tree import TokenTree
+
 
 @dataclass
 class Proposal:
-    """Drafted tokens d_1..d_k and, for each, the distribution q it was drawn from (None = deterministic).
+    """Drafted tokens d_1..d_k and, for each, the distribution q it was drawn from (None = deterministic); or a
+    token tree (`tree`: several candidate continuations, verified in one decode; tokens and q are then empty).
     `source` names the strategy that drafted them ("model", "ngram", ...); an empty proposal is a plain step."""
 
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray | None] = field(default_factory=list)
     source: str = "plain"
+    tree: TokenTree | None = None
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.tree) if self.tree is not None else len(self.tokens)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to a cycle's proposal: n_drafted tokens verified (0 = a plain step), the first n_accepted
-    kept, n_emitted tokens added to the text (accepted + the target's own token, fewer when an end token cut the
+    """What happened to a cycle's proposal: n_drafted tokens verified (0 = a plain step; for a tree, its nodes),
+    n_accepted kept, n_emitted tokens added to the text (accepted + the target's own token, fewer when an end token cut the
     cycle short), and the seconds spent drafting and in the target's decode."""
 
     n_drafted: int
@@ -47,6 +51,7 @@ class Outcome:
     n_emitted: int
     t_draft: float
     t_verify: float
+    tokens: tuple[int, ...] = ()  # the tokens the cycle added (the accepted drafts, then the target's own)
 
 
 class Speculator(Protocol):

@@ -1,5 +1,5 @@
-""""model+ngram": an n-gram proposal when the lookup finds one its policy wants to verify (free), the draft model
-otherwise. Each part learns only from its own cycles; plain cycles teach both."""
+""""model+ngram" / "model+suffix": a lookup's proposal when it finds one its policy wants to verify (free), the draft
+model otherwise. Each part learns only from its own cycles; plain cycles teach both."""
 
 from __future__ import annotations
 
@@ -11,24 +11,25 @@ import numpy as np
 from .base import Outcome, Proposal
 from .lookup import LookupSpeculator
 from .model import ModelSpeculator
+from .suffix import SuffixSpeculator
 
 
 class HybridSpeculator:
-    name = "model+ngram"
+    name = "model+lookup"
 
-    def __init__(self, model: ModelSpeculator, lookup: LookupSpeculator) -> None:
+    def __init__(self, model: ModelSpeculator, lookup: LookupSpeculator | SuffixSpeculator) -> None:
         self.model, self.lookup = model, lookup
         self._last: str | None = None
 
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator) -> Proposal:
         p = self.lookup.propose(context, budget, rng)
-        if not p.tokens:
+        if not len(p):
             p = self.model.propose(context, budget, rng)
-        self._last = p.source if p.tokens else None
+        self._last = p.source if len(p) else None
         return p
 
     def observe(self, outcome: Outcome) -> None:
-        if self._last == "ngram":
+        if self._last == self.lookup.name:
             self.lookup.observe(outcome)
         elif self._last == "model":
             self.model.observe(outcome)
@@ -39,7 +40,7 @@ class HybridSpeculator:
         self._last = None
 
     def stats(self) -> dict[str, Any]:
-        return {"model": self.model.stats(), "ngram": self.lookup.stats()}
+        return {"model": self.model.stats(), self.lookup.name: self.lookup.stats()}
 
 
 __all__ = ["HybridSpeculator"]

@@ -1,0 +1,110 @@
+"""A memory of everything seen as a speculator: the suffix index (suffix_index.py) offers several candidate
+continuations of the context, from the current context, earlier generations of the engine and files the user gave
+it; the tree policy (policy.TreePolicy) picks the tree to verify from the measured costs (a chain, a tree, or
+nothing), and the loop verifies it in one decode.
+
+Candidates are deterministic (q = None): exactness holds at any temperature (tree.accept_tree).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..policy import TreePolicy
+from ..suffix_index import SuffixIndex
+from ..tree import ROOT, TokenTree
+from .base import Outcome, Proposal
+
+
+class SuffixSpeculator:
+    """Suffix-index lookups verified as trees or chains (see the module docstring).
+
+    Shadow scoring, as in LookupSpeculator: a declined proposal's best first token is compared with the token the
+    target then produces, so declined contexts keep teaching the run estimates.
+    """
+
+    name = "suffix"
+
+    def __init__(self, index: SuffixIndex, policy: TreePolicy) -> None:
+        self.index = index
+        self.policy = policy
+        self._last: tuple[TokenTree, int] | None = None  # the tree being verified and its match run
+        self._shadow: tuple[int, int, int] | None = None  # (run, position, best first token) of a declined proposal
+
+    def propose(self, context: Sequence[int], budget: int, rng: Any = None) -> Proposal:
+        self._score_shadow(context)
+        self._last = None
+        depth = min(budget, self.policy.max_depth)
+        if depth < 1:
+            return Proposal()
+        found = self.index.propose(context, max_depth=depth, max_width=self.policy.max_width, max_nodes=4 * self.policy.max_nodes)
+        if not len(found):
+            return Proposal()
+        if self.policy.spec.adaptive:
+            shape = self.policy.choose(found.run, max(_depths(found.parents)), self.policy.max_nodes)
+            if not shape.n_nodes:
+                self._shadow = (found.run, len(context), found.tokens[0])
+                return Proposal()
+            tree = found.fill(shape.rank_paths)
+        else:  # a fixed shape: the best max_nodes candidates, whatever the costs say
+            tree = found.tree(self.policy.max_nodes)
+        if not len(tree):
+            return Proposal()
+        self._last = (tree, found.run)
+        if all(len(tree.children(i)) <= 1 for i in range(len(tree))) and len(tree.children(ROOT)) == 1:
+            chain = [tree.token(i) for i in tree.paths()[0]]  # one path: verify it as a chain (no tree sequences)
+            return Proposal(tokens=chain, q=[None] * len(chain), source=self.name)
+        return Proposal(source=self.name, tree=tree)
+
+    def observe(self, outcome: Outcome) -> None:
+        if self._last is not None and outcome.n_drafted:
+            tree, run = self._last
+            self.policy.observe_walk(run, _walk(tree, outcome.tokens), outcome.t_verify, outcome.n_drafted)
+        else:
+            self.policy.observe_plain(outcome.t_verify if not outcome.n_drafted else 0.0, max(outcome.n_emitted, 1))
+        self._last = None
+
+    def observe_foreign(self, outcome: Outcome) -> None:
+        """A cycle another speculator drafted (the hybrid's model) emitted outcome.n_emitted tokens."""
+        self.policy.observe_plain(0.0, max(outcome.n_emitted, 1))
+        self._last = None
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.policy.stats(), "memory_tokens": len(self.index), "memory_documents": self.index.n_documents}
+
+    def _score_shadow(self, context: Sequence[int]) -> None:
+        if self._shadow is not None:
+            run, pos, tok = self._shadow
+            self._shadow = None
+            if pos < len(context):
+                self.policy.observe_shadow(run, int(context[pos]) == tok)
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for p in parents:
+        out.append(1 if p == ROOT else out[p] + 1)
+    return out
+
+
+def _walk(tree: TokenTree, emitted: Sequence[int]) -> list[tuple[int, int, bool]]:
+    """What verification tried, from the tokens the cycle emitted: (depth, rank, accepted) for each candidate tried,
+    in order (children are tried by rank until one is accepted; all of them when none is)."""
+    out: list[tuple[int, int, bool]] = []
+    node = ROOT
+    for depth, tok in enumerate(emitted, start=1):
+        kids = tree.children(node)
+        nxt = None
+        for rank, c in enumerate(kids):
+            hit = tree.token(c) == tok
+            out.append((depth, rank, hit))
+            if hit:
+                nxt = c
+                break
+        if nxt is None:
+            break
+        node = nxt
+    return out
+
+
+__all__ = ["SuffixSpeculator"]
