@@ -6,8 +6,8 @@
 
 For every prompt it runs the plain target (`speculative=False`: the same loop and sampling code with no drafting)
 and the speculative engine, interleaved (plain, spec, then spec, plain for the next prompt, ...) so that machine
-noise hits both sides alike. Before each run the KV caches are emptied, so both runs prefill the whole prompt on
-the target; before a speculative run the draft model also processes the prompt (timed apart, as llama.cpp's
+noise hits both sides alike. Before each run the KV caches (and the suffix drafter's memory of earlier generations)
+are emptied, so both runs prefill the whole prompt on the target and nothing is remembered across runs; before a speculative run the draft model also processes the prompt (timed apart, as llama.cpp's
 llama-speculative-simple does in its prompt phase), so that decode rates compare decoding only. `--cold-draft`
 leaves the draft's prompt processing inside the first speculative cycle instead (what a one-shot
 `edgespec generate` pays).
@@ -125,6 +125,8 @@ def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
             m.reset()
             if m.prompt_cache is not None:
                 m.prompt_cache.clear()
+    if engine.memory is not None:  # no run may find an earlier run's output in the suffix memory
+        engine.memory.clear()
     if not warm_draft or engine.draft is None or len(ctx) < 2:
         return 0.0
     t0 = time.perf_counter()

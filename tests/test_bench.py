@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from edgespec.bench import BenchError, load_prompts_jsonl, load_suites
 from edgespec.cli import main
 
-SUITES = ("code-completion", "coding-chat", "creative-writing", "math-reasoning", "input-grounded")
+SUITES = ("code-completion", "coding-chat", "creative-writing", "math-reasoning", "input-grounded", "multi-turn")
 
 
 def run(*args: str):
@@ -48,8 +48,9 @@ def test_builtin_suites_shape():
     assert all("prompt" in e for e in suites["code-completion"])
     for name in SUITES[1:]:
         assert all("messages" in e for e in suites[name]), name
-    # input-grounded prompts carry a sizeable text to work on
+    # input-grounded prompts carry a sizeable text to work on; multi-turn ones an earlier answer to change
     assert all(len(e["messages"][-1]["content"]) > 1200 for e in suites["input-grounded"])
+    assert all([m["role"] for m in e["messages"]] == ["user", "assistant", "user"] for e in suites["multi-turn"])
 
 
 def test_bench_json_code_completion(tiny):

@@ -187,3 +187,23 @@ def test_ctrl_c_stops_a_generation_with_130(tiny):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert b"interrupted" in err and b"Traceback" not in err and b"stop: cancelled" in err
+
+
+def test_suffix_drafter_with_a_lookup_corpus_and_a_memory(tiny, tmp_path, monkeypatch):
+    """--drafter suffix: greedy output equals plain; a corpus file the answer copies from makes drafts accepted;
+    the memory persists in the cache unless --no-memory."""
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    common = ["--target", str(tiny["target"]), "--temperature", "0", "--max-tokens", "40", "--ctx", "512", "--json", "--raw"]
+    plain = json.loads(run("generate", "abc d", "--no-draft", *common).stdout)
+    corpus = tmp_path / "notes"
+    corpus.mkdir()
+    text = CliRunner().invoke(main, ["generate", "abc d", "--no-draft", *common[:-2], "--raw"]).stdout
+    (corpus / "seen.txt").write_text("abc d" + text.strip("\n"))
+    r = json.loads(run("generate", "abc d", "--drafter", "suffix", "--lookup-corpus", str(corpus), "--no-memory", *common).stdout)
+    assert r["token_ids"] == plain["token_ids"]
+    assert r["stats"]["n_accepted"] > 10  # the answer was in the corpus
+    assert not (tmp_path / "cache" / "suffix").exists()  # --no-memory: nothing saved
+    r = json.loads(run("generate", "abc d", "--drafter", "suffix", *common).stdout)
+    assert r["token_ids"] == plain["token_ids"] and any((tmp_path / "cache" / "suffix").glob("*.idx"))
+    again = json.loads(run("generate", "abc d", "--drafter", "suffix", *common).stdout)
+    assert again["token_ids"] == plain["token_ids"] and again["stats"]["n_accepted"] > r["stats"]["n_accepted"]  # remembered

@@ -72,7 +72,7 @@ def bench(**kw: Any) -> None:
     max_tokens, repeats = kw.pop("max_tokens"), kw.pop("repeats")
     cold_draft, warmup = kw.pop("cold_draft"), not kw.pop("no_warmup")
     progress = None if quiet else (lambda s: click.echo(s, err=True))
-    with load_engine(kw) as eng:
+    with load_engine(kw, memory=False) as eng:  # nothing remembered from earlier runs (and nothing saved)
         if eng.drafter_kind == "none":
             raise click.UsageError("bench needs a drafter: give --draft FILE or --draft ngram")
         report = run_bench(eng, selected, sampling, max_tokens=max_tokens, repeats=repeats, warmup=warmup,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -26,9 +27,11 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram",
                      help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone (same sampling code)."),
-        click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "model+ngram"]), default="auto", show_default=True,
+        click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "suffix", "model+ngram", "model+suffix"]), default="auto",
+                     show_default=True,
                      help="auto = model+ngram with a draft model (the lookup alone where the draft model cannot pay on this hardware); "
-                          "with --target and no draft model, the lookup; plain decoding otherwise."),
+                          "with --target and no draft model, the lookup; plain decoding otherwise. suffix = token trees from a memory "
+                          "of everything seen (see --lookup-corpus)."),
         click.option("--draft-max", type=click.IntRange(0, 64), default=8, show_default=True,
                      help="Most tokens the draft model drafts per cycle (0 = never speculate)."),
         click.option("--fixed-k", is_flag=True, help="Always draft --draft-max tokens (no adaptive controller), n-gram lookups included."),
@@ -39,6 +42,9 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Draft layers on the GPU (default: as --n-gpu-layers)."),
         click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all available cores)."),
         click.option("--ctx", "n_ctx", type=click.IntRange(16, MAX_CTX), default=4096, show_default=True, help="Context window in tokens."),
+        click.option("--lookup-corpus", "lookup_corpus", multiple=True, type=click.Path(exists=True), metavar="PATH",
+                     help="Files (or folders of text files) the suffix drafter may copy from (repeatable)."),
+        click.option("--no-memory", is_flag=True, help="Suffix drafter: keep the memory of what was seen for this run only."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -115,12 +121,35 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
             dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx)
-        elif drafter in ("model", "model+ngram"):
+        elif drafter in ("model", "model+ngram", "model+suffix"):
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
         elif drafter == "auto":
             drafter = "ngram" if target is not None else "none"
     tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
-    return Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
+    corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
+    engine_kw.setdefault("memory", not no_memory)
+    eng = Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
+    try:
+        for path in corpus:
+            for f in _corpus_files(path):
+                eng.remember(f.read_text(encoding="utf-8", errors="replace"), source=str(f))
+    except BaseException:
+        eng.close()
+        raise
+    return eng
+
+
+CORPUS_MAX_FILE = 4 * 1024 * 1024
+CORPUS_SUFFIXES = {".txt", ".md", ".rst", ".py", ".js", ".ts", ".java", ".c", ".h", ".cpp", ".rs", ".go", ".json", ".yaml", ".yml",
+                   ".toml", ".html", ".css", ".sh", ".sql"}
+
+
+def _corpus_files(path: str) -> list[Path]:
+    """A file, or the text files under a folder (by suffix, each at most CORPUS_MAX_FILE bytes)."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    return sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CORPUS_SUFFIXES and f.stat().st_size <= CORPUS_MAX_FILE)
 
 
 # --------------------------------------------------------------------------------------------- stdin / stdout
