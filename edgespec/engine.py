@@ -265,10 +265,12 @@ class Engine:
         max_tokens: int = 512,
         stop: str | Sequence[str] | None = (),
         speculative: bool = True,
+        drafter: str | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
     ) -> Generation:
         """Queue a generation and return its handle at once (see Generation). Exactly one of prompt, messages or
-        tokens. on_prefill(done, total) is called from the engine's thread after each prefill chunk."""
+        tokens. speculative=False decodes plainly; drafter picks another drafter kind for this request (one this
+        engine can run). on_prefill(done, total) is called from the engine's thread after each prefill chunk."""
         self._live()
         if sum(x is not None for x in (prompt, messages, tokens)) != 1:
             raise ConfigError("give exactly one of prompt, messages or tokens")
@@ -279,6 +281,7 @@ class Engine:
         stops = _check_stop(stop)
         if not isinstance(speculative, bool):
             raise ConfigError("speculative must be True or False")
+        kind = self._check_drafter(drafter) if speculative else "none"
         if on_prefill is not None and not callable(on_prefill):
             raise ConfigError("on_prefill must be callable")
         if tokens is not None:
@@ -294,9 +297,21 @@ class Engine:
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        job = Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, speculative, on_prefill, stats, ids, texts))
+        job = Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, kind, on_prefill, stats, ids, texts))
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
+
+    def _check_drafter(self, drafter: str | None) -> str:
+        """The drafter kind for one request: the engine's, or another this engine can run."""
+        if drafter is None:
+            return self.drafter_kind
+        if drafter not in DRAFTER_KINDS:
+            raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
+        if drafter.startswith("model") and self.draft is None:
+            raise ConfigError(f"drafter {drafter!r} needs a draft model, and this engine has none")
+        if drafter in TREE_KINDS and (self.memory is None or self.target.tree_paths < self.spec.tree_nodes):
+            raise ConfigError(f"drafter {drafter!r} needs an engine loaded with a suffix drafter")
+        return drafter
 
     def astream(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         """stream() for asyncio: `async for chunk in engine.astream(...)` (the same handle; iterating it does not
@@ -368,7 +383,7 @@ class Engine:
         sampling: SamplingParams,
         max_tokens: int,
         stops: tuple[str, ...],
-        speculative: bool,
+        kind: str,
         on_prefill: Callable[[int, int], None] | None,
         stats: GenerationStats,
         ids: list[int],
@@ -380,7 +395,6 @@ class Engine:
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)
-        kind = self.drafter_kind if speculative else "none"
         speculator = make_speculator(kind, self.spec, sampling, cost, self.draft, self.memory)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)

@@ -383,3 +383,18 @@ def test_ordinary_messages_tokenize_as_the_whole_rendering_does(eng):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "abc d, the cat\nand the hat"}]
     whole = eng.target.tokenize(eng.render(msgs), add_special=True, parse_special=True)
     assert eng.prompt_tokens(messages=msgs) == whole
+
+
+def test_a_request_may_pick_another_drafter(eng, reference, tiny):
+    for kind in ("ngram", "model", "model+ngram", "none"):
+        assert eng.generate("abc d", sampling=GREEDY, max_tokens=24, drafter=kind).token_ids == reference["abc d"]
+    with pytest.raises(ConfigError, match="suffix drafter"):
+        eng.stream("abc", drafter="suffix")
+    with pytest.raises(ConfigError, match="drafter must be"):
+        eng.stream("abc", drafter="turbo")
+    plain_only = make_engine(tiny, drafter="none", draft=None)
+    try:
+        with pytest.raises(ConfigError, match="needs a draft model"):
+            plain_only.stream("abc", drafter="model")
+    finally:
+        plain_only.close()
