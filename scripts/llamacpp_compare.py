@@ -10,12 +10,14 @@ What it does:
    llama-cpp-python sdist (the same version edgespec runs on, 0.3.36 by default), with GGML_NATIVE=OFF and the
    CPU flags scripts/setup.sh would pick (EDGESPEC_CMAKE_ARGS overrides them, as for setup.sh). Sources and
    binaries live in ~/.cache/edgespec/llamacpp/ (never in the repository); a second run reuses the build.
-2. Runs them greedily with the same max tokens on the edgespec benchmark prompts: the code-completion suite
-   (raw prompts) with llama-speculative-simple, the input-grounded suite (chat, rendered with the model's
-   template) with llama-lookup; a plain llama.cpp run on the same prompts is llama-lookup with a draft length of
-   0 (one token per decode, no drafting), and llama-bench's tg gives the plain decode rate on an empty context.
-3. Runs edgespec (plain, speculative with the default model+ngram drafter, and ngram-only) on the same prompts
-   through the library, then prints tokens/s for all of them and the ratios edgespec / llama.cpp.
+2. Runs them greedily with the same max tokens on the first prompts of every edgespec benchmark suite (chat
+   prompts rendered with the model's template and passed with special tokens parsed, so both sides see the same
+   token sequence): plain llama.cpp is llama-lookup with a draft length of 0 (one token per decode, no drafting);
+   llama.cpp's own speculation is llama-speculative-simple (with the draft model) and llama-lookup (prompt
+   lookup). llama-bench's tg at the prompt's depth gives llama.cpp's plain decode rate once more, timed by itself.
+3. Runs edgespec on the same prompts through the library, one engine: plain (speculative=False), the default
+   drafter, the n-gram lookup and the suffix drafter, every method interleaved per prompt in alternating order,
+   then prints tokens/s for all of them and the ratios edgespec / llama.cpp.
 
 Decode rates exclude prompt processing on both sides: llama.cpp's tools print "decoded N tokens in T seconds"
 measured after the prompt is encoded; edgespec's stats.tokens_per_second excludes stats.timings.prefill.
@@ -177,9 +179,9 @@ def run_tool(cmd: list[str], timeout: float) -> dict[str, Any]:
     return out
 
 
-def llama_bench(bin_dir: Path, target: Path, n: int, threads: int, reps: int) -> dict[str, Any]:
+def llama_bench(bin_dir: Path, target: Path, n: int, threads: int, reps: int, depth: int = 0) -> dict[str, Any]:
     cmd = [str(bin_dir / "llama-bench"), "-m", str(target), "-p", "0", "-n", str(n), "-t", str(threads),
-           "-r", str(reps), "-o", "json"]
+           "-r", str(reps), "-d", str(depth), "-o", "json"]
     log("$ " + " ".join(cmd))
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
     if p.returncode != 0:
@@ -208,28 +210,31 @@ def _acc(runs: list[dict[str, Any]]) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp-python-version", default="0.3.36", help="sdist whose vendor/llama.cpp is built (default: %(default)s)")
-    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgespec" / "llamacpp",
-                    help="sources and builds go here (default: %(default)s)")
+    ap.add_argument("--cache", type=Path, default=None, help="sources and builds go here (default: $EDGESPEC_CACHE_DIR/llamacpp)")
     ap.add_argument("--build-only", action="store_true", help="build the tools and stop")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--target", default=None, help="target GGUF (default: the default pair's)")
     ap.add_argument("--draft", default=None, help="draft GGUF (default: the default pair's)")
     ap.add_argument("--max-tokens", "-n", type=int, default=128)
+    ap.add_argument("--suites", nargs="+", default=None, help="suites to run (default: all)")
     ap.add_argument("--prompts-per-suite", type=int, default=2, help="first N prompts of each suite (default: %(default)s)")
     ap.add_argument("--draft-max", type=int, default=8, help="most drafted tokens per cycle, both sides (default: %(default)s)")
     ap.add_argument("--threads", "-t", type=int, default=None, help="CPU threads, both sides (default: edgespec's default)")
-    ap.add_argument("--bench-reps", type=int, default=2, help="llama-bench repetitions (default: %(default)s)")
+    ap.add_argument("--no-bench", action="store_true", help="skip llama-bench")
     ap.add_argument("--json-out", type=Path, default=None, help="also write every measurement as JSON here")
     args = ap.parse_args()
 
-    bin_dir = build(args.cache, args.llama_cpp_python_version, args.jobs)
+    sys.path.insert(0, str(ROOT))
+    from edgespec.paths import cache_dir
+
+    cache = args.cache or cache_dir() / "llamacpp"
+    bin_dir = build(cache, args.llama_cpp_python_version, args.jobs)
     if args.build_only:
         print(bin_dir)
         return
 
-    sys.path.insert(0, str(ROOT))
     from edgespec.backend import default_threads
-    from edgespec.bench import _run_one, load_suites
+    from edgespec.bench import _prepare, load_suites
     from edgespec.config import ModelSpec, SamplingParams, SpecConfig
     from edgespec.engine import Engine
     from edgespec.models import resolve_model
@@ -243,67 +248,71 @@ def main() -> None:
     threads = args.threads or default_threads()
     n = args.max_tokens
     suites = load_suites()
-    work = {
-        "code-completion": suites["code-completion"][: args.prompts_per_suite],
-        "input-grounded": suites["input-grounded"][: args.prompts_per_suite],
-    }
+    work = {name: entries[: args.prompts_per_suite] for name, entries in suites.items() if not args.suites or name in args.suites}
     spec = SpecConfig(draft_max=args.draft_max)
-    eng = Engine.load(ModelSpec(target, n_threads=threads, n_ctx=4096), ModelSpec(draft, n_threads=threads, n_ctx=4096), spec=spec)
-    ngram_eng = Engine(eng.target, None, drafter="ngram", spec=spec, verify_costs=eng.verify_costs)
+    eng = Engine.load(ModelSpec(target, n_threads=threads, n_ctx=4096), ModelSpec(draft, n_threads=threads, n_ctx=4096),
+                      drafter="model+suffix", spec=spec, memory=False)
+    default_kind = "model+ngram"
     greedy = SamplingParams(temperature=0.0)
     common = ["--no-escape", "-n", str(n), "--temp", "0", "-t", str(threads), "-c", "4096", "--spec-draft-n-max", str(args.draft_max)]
     tools = {
         "llama plain": lambda p: [str(bin_dir / "llama-lookup"), "-m", str(target), "-p", p, *common[:-1], "0"],
-        "llama spec-simple": lambda p: [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
-                                        "-p", p, *common, "-td", str(threads)],
+        "llama spec-simple": lambda p: [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
+                                        "--spec-type", "draft-simple", "-p", p, *common, "-td", str(threads)],
         "llama lookup": lambda p: [str(bin_dir / "llama-lookup"), "-m", str(target), "-p", p, *common],
     }
-    per_suite_tools = {"code-completion": ["llama plain", "llama spec-simple"], "input-grounded": ["llama plain", "llama lookup"]}
+    ours = {"edgespec plain": None, "edgespec default": default_kind, "edgespec ngram": "ngram", "edgespec suffix": "suffix"}
+
+    def run_ours(ctx: list[int], kind: str | None) -> dict[str, Any]:
+        eng.submit(lambda e: _prepare(e, ctx, False)).result()
+        st = eng.generate(tokens=ctx, sampling=greedy, max_tokens=n, speculative=kind is not None, drafter=kind).stats
+        return {"tokens": st.n_generated, "seconds": st.decode_seconds, "prompt_tokens": st.n_prompt,
+                "n_drafted": st.n_drafted, "n_accept": st.n_accepted, "sources": st.source_counts}
+
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    depths: dict[str, list[int]] = {}
     t_start = time.time()
-    # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
-    ctx0 = eng.prompt_tokens(work["code-completion"][0]["prompt"])
-    for s in (False, True):
-        _run_one(eng, ctx0, greedy, 8, s, False)
+    ctx0 = eng.prompt_tokens(next(iter(work.values()))[0].get("prompt"), messages=next(iter(work.values()))[0].get("messages"))
+    for kind in ours.values():  # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
+        run_ours(ctx0[:64], kind)
     k = 0
     for suite, entries in work.items():
         res = results.setdefault(suite, {})
         for i, entry in enumerate(entries):
             ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
-            text = entry["prompt"] if "prompt" in entry else eng.render(entry["messages"])
-            steps: list[tuple[str, Any]] = [(name, tools[name]) for name in per_suite_tools[suite]]
-            steps.append(("edgespec plain", (eng, False)))
-            steps.append(("edgespec spec", (eng, True)))
-            if suite == "input-grounded":
-                steps.append(("edgespec ngram", (ngram_eng, True)))
+            depths.setdefault(suite, []).append(len(ctx))
+            if "prompt" in entry:
+                text = entry["prompt"]
+            else:
+                text = "".join(t for t, _ in eng.chat_segments(entry["messages"]))
+            steps: list[tuple[str, Any]] = [(name, fn) for name, fn in tools.items()] + list(ours.items())
             if k % 2:
                 steps.reverse()  # alternate the order so that slow phases of the machine hit every method
             k += 1
             for name, how in steps:
                 if name.startswith("llama"):
-                    cmd = how(text)
                     log(f"{suite} {i + 1}: {name}")
-                    r = run_tool(cmd, timeout=300)
+                    r = run_tool(how(text), timeout=600)
                     if "error" in r:
                         log(f"  {name} failed: {r['error']}")
                     else:
                         log(f"  {r['tokens'] / r['seconds']:.1f} tok/s" + (f", accept {r['n_accept']}/{r['n_drafted']}" if r.get("n_drafted") else ""))
                 else:
-                    e, speculative = how
-                    rr = _run_one(e, ctx, greedy, n, speculative, False)["stats"]
-                    r = {"tokens": rr["n_generated"], "seconds": rr["decode_seconds"], "prompt_tokens": rr["n_prompt"],
-                         "n_drafted": rr["n_drafted"], "n_accept": rr["n_accepted"], "sources": rr["sources"]}
+                    r = run_ours(ctx, how)
                     log(f"{suite} {i + 1}: {name} {r['tokens'] / r['seconds']:.1f} tok/s")
                 res.setdefault(name, []).append(r)
-            # the prompt must be the same token sequence on both sides
             llama_pt = {r.get("prompt_tokens") for nm, rs in res.items() if nm.startswith("llama") for r in rs[-1:] if "prompt_tokens" in r}
             if llama_pt and llama_pt != {len(ctx)}:
                 log(f"  WARNING: prompt token counts differ: llama.cpp {sorted(llama_pt)} vs edgespec {len(ctx)}")
-    bench = llama_bench(bin_dir, target, n, threads, args.bench_reps)
+    bench = {}
+    if not args.no_bench:
+        for suite, ds in depths.items():
+            bench[suite] = llama_bench(bin_dir, target, n, threads, 1, depth=int(sum(ds) / len(ds)))
     elapsed = time.time() - t_start
+    eng.close()
 
     # ------------------------------------------------------------------ report
-    cols = ["llama plain", "llama spec-simple", "llama lookup", "edgespec plain", "edgespec spec", "edgespec ngram"]
+    cols = ["llama plain", "llama spec-simple", "llama lookup", "edgespec plain", "edgespec default", "edgespec ngram", "edgespec suffix"]
     lines = [
         f"llama.cpp (llama-cpp-python {args.llama_cpp_python_version} sources, CPU flags: {detect_cmake_args() or 'defaults'})",
         f"target {target.name}  draft {draft.name}  greedy, {n} tokens, draft max {args.draft_max}, {threads} threads, "
@@ -311,7 +320,7 @@ def main() -> None:
         "decode tokens/s (prompt processing excluded on both sides; sum of tokens / sum of seconds over the prompts)",
         "",
     ]
-    head = ["suite"] + cols
+    head = ["suite"] + cols + ["llama-bench tg"]
     rows = []
     for suite, res in results.items():
         row = [suite]
@@ -319,40 +328,42 @@ def main() -> None:
             rate = _rate(res.get(c, []))
             acc = _acc(res.get(c, [])) if c not in ("llama plain", "edgespec plain") else None
             row.append("-" if rate is None else f"{rate:.1f}" + (f" ({100 * acc:.0f}%)" if acc is not None else ""))
+        b = bench.get(suite, {})
+        row.append(f"{b['tokens_per_second']:.1f}" if "tokens_per_second" in b else "-")
         rows.append(row)
-    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(c).rjust(w) if j else str(c).ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
-    lines += [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
-    lines.append("(xx%) = draft acceptance (accepted / drafted)")
-    if "error" in bench:
-        lines.append(f"llama-bench tg{n}: failed: {bench['error']}")
-    else:
-        lines.append(f"llama-bench tg{n} (empty context, {bench['reps']} reps): {bench['tokens_per_second']:.1f} ± {bench['stddev']:.1f} tok/s")
+    lines += _fmt_table(head, rows)
+    lines.append("(xx%) = draft acceptance (accepted / drafted); llama-bench tg at the suite's mean prompt depth")
     lines.append("")
     ratio_rows = []
     for suite, res in results.items():
         r = {c: _rate(res.get(c, [])) for c in cols}
-        llama_spec = "llama spec-simple" if suite == "code-completion" else "llama lookup"
 
-        def q(a: str, b: str) -> str:
-            return f"{r[a] / r[b]:.2f}" if r.get(a) and r.get(b) else "-"
+        def q(a: str, b: str, r: dict[str, float | None] = r) -> str:
+            ra, rb = r.get(a), r.get(b)
+            return f"{ra / rb:.2f}" if ra and rb else "-"
 
-        ratio_rows.append([suite, q("edgespec plain", "llama plain"), q("edgespec spec", llama_spec),
-                           q("edgespec ngram", "llama lookup") if suite == "input-grounded" else "-",
-                           q(llama_spec, "llama plain"), q("edgespec spec", "edgespec plain")])
-    head2 = ["suite", "es plain / llama plain", "es spec / llama spec", "es ngram / llama lookup", "llama speedup", "edgespec speedup"]
-    widths = [max(len(str(x[i])) for x in [head2] + ratio_rows) for i in range(len(head2))]
-    fmt = lambda r: "  ".join(str(c).rjust(w) if j else str(c).ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
-    lines += [fmt(head2), "  ".join("-" * w for w in widths)] + [fmt(x) for x in ratio_rows]
-    lines.append("llama spec = llama-speculative-simple for code-completion, llama-lookup for input-grounded; "
-                 "speedup = spec rate / plain rate of the same implementation")
+        best_llama_spec = max((x for x in (r.get("llama spec-simple"), r.get("llama lookup")) if x), default=None)
+        ratio_rows.append([suite, q("edgespec plain", "llama plain"), q("edgespec default", "llama plain"), q("edgespec suffix", "llama plain"),
+                           f"{r['edgespec default'] / best_llama_spec:.2f}" if r.get("edgespec default") and best_llama_spec else "-",
+                           q("llama spec-simple", "llama plain"), q("llama lookup", "llama plain")])
+    head2 = ["suite", "es plain / llama plain", "es default / llama plain", "es suffix / llama plain",
+             "es default / best llama spec", "spec-simple / plain", "lookup / plain"]
+    lines += _fmt_table(head2, ratio_rows)
     errors = [(s, c, r["error"]) for s, res in results.items() for c, rs in res.items() for r in rs if "error" in r]
     for s, c, e in errors:
         lines.append(f"ERROR {s} {c}: {e}")
     print("\n".join(lines))
     if args.json_out:
         args.json_out.write_text(json.dumps({"results": results, "llama_bench": bench, "threads": threads, "max_tokens": n}, indent=1))
-    eng.close()
+
+
+def _fmt_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+
+    def fmt(r: list[str]) -> str:
+        return "  ".join(str(c).rjust(w) if j else str(c).ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
+
+    return [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
 
 
 if __name__ == "__main__":
