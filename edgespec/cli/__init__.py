@@ -18,7 +18,25 @@ from ..errors import EdgespecError
 
 
 class Group(click.Group):
-    """Turns library errors into one line on stderr and exit code 1, Ctrl-C into 130: never a traceback."""
+    """Turns library errors into one line on stderr and exit code 1, usage errors into one line and 2, Ctrl-C into
+    130: never a traceback."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as e:  # click prints usage, a hint and the error: one line is enough
+            where = e.ctx.command_path if e.ctx is not None else "edgespec"
+            click.echo(f"Error: {e.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -65,6 +83,7 @@ from .chat import chat  # noqa: E402
 from .generate import generate  # noqa: E402
 from .info import info  # noqa: E402
 from .models import models  # noqa: E402
+from .serve import serve  # noqa: E402
 
-for _cmd in (info, generate, chat, bench, models):
+for _cmd in (info, generate, chat, bench, models, serve):
     main.add_command(_cmd)
