@@ -42,6 +42,7 @@ DAMAGED = {
     "a string": "calibration",
     "old format": {"somekey": {"verify": {"1": 0.1}, "draft": 0.0}},
     "not json": "{{{",
+    "absurdly nested": "[" * 100_000 + "]" * 100_000,
 }
 BAD_ENTRIES = {
     "zero": {1: 0.0, 2: 0.1},
