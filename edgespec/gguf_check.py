@@ -1,9 +1,10 @@
-"""Look at a GGUF file with the `gguf` reader before llama.cpp sees it.
+"""Look at a GGUF file before llama.cpp sees it.
 
-llama.cpp kills the whole process on some malformed files (F64 weight tensors segfault in matmul, for example),
-so everything that can be checked from the file itself is checked here: magic, version, architecture known to
-llama.cpp, tensor types llama.cpp computes, tensors that run past the end of the file. A bad file raises
-`ModelFileError` with one line that says what is wrong.
+llama.cpp kills the whole process on some malformed files (F64 or Q8_K weights segfault in matmul, a block count of
+0 or a duplicated token trips a GGML_ASSERT), so everything that can be checked from the file itself is checked
+here: the path (a regular, readable file), magic, version, the header structure, and then llama.cpp's own limits on
+the header values (`edgespec.gguf_rules`). A bad file raises `ModelFileError` with one line that says what is
+wrong. Only the header is read (a struct-based reader, well under a second for a 152k-token vocabulary).
 
 Pair compatibility (same tokenizer for draft and target) is also decided here, from metadata alone, before any
 weights load.
@@ -11,27 +12,27 @@ weights load.
 
 from __future__ import annotations
 
+import array
+import errno
+import math
+import mmap
 import os
+import stat
+import struct
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .errors import IncompatiblePairError, ModelFileError
+from .gguf_rules import GGML_TYPES, RuleError, check
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp's own tolerance for draft/target vocabularies (common/speculative.cpp).
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
-
-
-def _computable_types() -> frozenset[int]:
-    """Tensor types llama.cpp's CPU backend can multiply/get rows of: floats except F64 and the quantized types.
-    Integer types and F64 never hold weights that llama.cpp computes with."""
-    from gguf import GGMLQuantizationType as T
-
-    banned = {"F64", "I8", "I16", "I32", "I64"}
-    return frozenset(t.value for t in T if t.name not in banned)
+_MIN_HEADER = 24  # magic, version, tensor count, key/value count
 
 
 @dataclass
@@ -98,14 +99,28 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     """Validate `path` and return its metadata. Raises ModelFileError with a one-line reason."""
     p = Path(path)
     try:
-        size = p.stat().st_size
+        st = p.stat()
     except FileNotFoundError:
+        if p.is_symlink():
+            raise ModelFileError(f"{p}: broken symlink (its target {os.readlink(p)} does not exist)") from None
         raise ModelFileError(f"{p}: no such file") from None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ModelFileError(f"{p}: symlink loop (the path cannot be resolved)") from None
         raise ModelFileError(f"{p}: cannot read ({e.strerror})") from None
-    if p.is_dir():
+    if stat.S_ISDIR(st.st_mode):
         raise ModelFileError(f"{p}: is a directory, not a GGUF file")
-    return _inspect_cached(str(p.resolve()), size, p.stat().st_mtime_ns)
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFileError(f"{p}: is a {_file_kind(st.st_mode)}, not a regular file")
+    return _inspect_cached(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return kind
+    return "special file"
 
 
 @lru_cache(maxsize=16)
@@ -113,56 +128,37 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
     p = Path(path)
     try:
         with open(p, "rb") as fh:
-            head = fh.read(8)
+            head = fh.read(_MIN_HEADER)
     except OSError as e:
         raise ModelFileError(f"{p}: cannot read ({e.strerror})") from None
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+    if not head:
+        raise ModelFileError(f"{p}: empty file (0 bytes), not a GGUF model")
+    if head[:4] != GGUF_MAGIC[: len(head)]:
         raise ModelFileError(f"{p}: not a GGUF file (bad magic {head[:4]!r}, expected b'GGUF')")
+    if len(head) < _MIN_HEADER:
+        raise ModelFileError(f"{p}: truncated file ({len(head)} bytes; a GGUF header needs at least {_MIN_HEADER})")
     version = int.from_bytes(head[4:8], "little")
     if version not in (2, 3):
-        raise ModelFileError(f"{p}: unsupported GGUF version {version} (llama.cpp reads versions 2 and 3)")
+        hint = " (a big-endian file? llama.cpp reads little-endian GGUF)" if version and not version & 0xFFFF else ""
+        raise ModelFileError(f"{p}: unsupported GGUF version {version}{hint}; llama.cpp reads versions 2 and 3")
     try:
-        kv, tensors, data_start = read_gguf_header(p)
+        h = read_header(p)
     except _Truncated:
         raise ModelFileError(f"{p}: truncated file (the GGUF header runs past the end of the file)") from None
     except (ValueError, UnicodeDecodeError, OverflowError, MemoryError) as e:
         raise ModelFileError(f"{p}: damaged GGUF header ({e})") from None
+    try:
+        check(h)
+    except RuleError as e:
+        raise ModelFileError(f"{p}: {e}") from None
 
-    import gguf
-
-    arch = kv.get("general.architecture")
-    if not isinstance(arch, str):
-        raise ModelFileError(f"{p}: GGUF has no general.architecture")
-    if arch not in set(gguf.MODEL_ARCH_NAMES.values()):
-        raise ModelFileError(f"{p}: architecture '{arch}' is not one llama.cpp knows")
-    if not tensors:
-        raise ModelFileError(f"{p}: GGUF file holds no tensors")
-
-    computable = _computable_types()
+    kv = h.kv
+    arch = kv["general.architecture"]
     types: dict[str, int] = {}
-    n_params = 0
-    for name, dims, ttype, offset in tensors:
-        try:
-            tname = gguf.GGMLQuantizationType(ttype).name
-            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ttype)]
-        except (ValueError, KeyError):
-            raise ModelFileError(f"{p}: tensor '{name}' has unknown type id {ttype}") from None
-        types[tname] = types.get(tname, 0) + 1
-        n = 1
-        for d in dims:
-            n *= d
-        n_params += n
-        if ttype not in computable:
-            raise ModelFileError(f"{p}: tensor '{name}' has type {tname}, which llama.cpp cannot compute (it would crash)")
-        if dims and dims[0] % block:
-            raise ModelFileError(f"{p}: tensor '{name}' row of {dims[0]} is not a multiple of the {tname} block ({block})")
-        end = data_start + offset + n // block * type_size
-        if end > size:
-            raise ModelFileError(
-                f"{p}: truncated file: tensor '{name}' ends at byte {end:,} but the file has {size:,} bytes"
-            )
-
-    tokens = kv.get("tokenizer.ggml.tokens") or []
+    for t in h.tensors:
+        name = GGML_TYPES[t.ttype].name
+        types[name] = types.get(name, 0) + 1
+    tokens = kv["tokenizer.ggml.tokens"]
     ctx = kv.get(f"{arch}.context_length")
     add_bos = kv.get("tokenizer.ggml.add_bos_token")
     return GGUFInfo(
@@ -170,9 +166,9 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
         file_size=size,
         version=version,
         architecture=arch,
-        name=kv.get("general.name"),
-        n_params=n_params,
-        n_tensors=len(tensors),
+        name=_text(kv.get("general.name")),
+        n_params=sum(math.prod(t.dims) for t in h.tensors),
+        n_tensors=len(h.tensors),
         tensor_types=types,
         file_type=_file_type_name(kv.get("general.file_type")),
         context_length=int(ctx) if ctx is not None else None,
@@ -182,7 +178,7 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
         bos_token_id=_opt_int(kv.get("tokenizer.ggml.bos_token_id")),
         eos_token_id=_opt_int(kv.get("tokenizer.ggml.eos_token_id")),
         add_bos_token=bool(add_bos) if add_bos is not None else None,
-        chat_template=kv.get("tokenizer.chat_template"),
+        chat_template=_text(kv.get("tokenizer.chat_template")),
         tokens=list(tokens),
     )
 
@@ -191,22 +187,54 @@ class _Truncated(Exception):
     pass
 
 
-# GGUF value types (gguf.GGUFValueType): scalar struct formats; 8 = string, 9 = array.
+@dataclass
+class TensorInfo:
+    name: str
+    dims: list[int]  # ggml order: dims[0] is the row length
+    ttype: int  # ggml type id
+    offset: int  # from the start of the data section
+
+
+@dataclass
+class GGUFHeader:
+    """Everything before the tensor data. Numeric arrays longer than `_KEEP_NUMBERS` (scores) and the BPE merges
+    are skipped: their value is None, their type and length are kept. Token types are an array.array("i"), a
+    precompiled charsmap is bytes."""
+
+    version: int
+    kv: dict[str, Any]
+    kv_types: dict[str, tuple[int, int | None]]  # key -> (value type, element type of an array)
+    array_lengths: dict[str, int]
+    tensors: list[TensorInfo]
+    alignment: int
+    data_start: int
+    file_size: int
+
+
+# GGUF value types (gguf_type): scalar struct formats; 8 = string, 9 = array.
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_MAX_HEADER = 1 << 30  # refuse absurd counts rather than allocate
-_KEEP_ARRAYS = {"tokenizer.ggml.tokens"}
-_U64 = __import__("struct").Struct("<Q")
+_UINT32, _INT32, _STRING, _ARRAY = 4, 5, 8, 9
+_MAX_COUNT = 1 << 30  # refuse absurd counts rather than allocate
+_MAX_STRING = 1 << 30  # GGUF_MAX_STRING_LENGTH (ggml/src/gguf.cpp)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_KEEP_NUMBERS = 4096  # per-layer hyperparameter arrays are decoded, per-token arrays are not
+_DEFAULT_ALIGNMENT = 32
+_U64 = struct.Struct("<Q")
 
 
 def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
-    """Metadata key/values, tensor infos (name, dims, type id, offset) and the data section start.
+    """Metadata key/values, tensor infos (name, dims, type id, offset) and the data section start."""
+    h = read_header(path)
+    return h.kv, [(t.name, t.dims, t.ttype, t.offset) for t in h.tensors], h.data_start
+
+
+def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse the GGUF header of `path` (magic and version are the caller's to check).
 
     A small struct-based reader: gguf.GGUFReader builds one numpy view per array element and takes ~50 s on
     the 151,936-token vocabulary of the default model; this reads the same header in well under a second.
+    Raises _Truncated when the header runs past the end of the file, ValueError when it is malformed.
     """
-    import mmap
-    import struct
-
     with open(path, "rb") as fh:
         try:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -214,7 +242,7 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[i
             raise _Truncated() from None
     buf = memoryview(mm)
     n_buf = len(buf)
-    pos = 8
+    pos = 4
 
     def take(fmt: str) -> Any:
         nonlocal pos
@@ -228,76 +256,102 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[i
     def string() -> str:
         nonlocal pos
         n = take("<Q")
-        if n > _MAX_HEADER or pos + n > n_buf:
+        if n > _MAX_STRING:
+            raise ValueError(f"string of {n:,} bytes")
+        if pos + n > n_buf:
             raise _Truncated()
         s = bytes(buf[pos : pos + n]).decode("utf-8", "surrogateescape")
         pos += n
         return s
 
-    def value(vtype: int, keep: bool = True) -> Any:
+    def read_array(key: str, etype: int, count: int) -> Any:
         nonlocal pos
-        if vtype in _SCALAR:
-            return take(_SCALAR[vtype])
-        if vtype == 8:
-            return string()
-        if vtype == 9:
-            etype, count = take("<I"), take("<Q")
-            if count > _MAX_HEADER:
-                raise ValueError(f"array of {count} elements")
-            if etype == 8:
-                # tight loop: 151k-entry vocabularies and merge lists; merges are walked past, not decoded
-                unpack_q = _U64.unpack_from
-                out: list[str] | None = [] if keep else None
-                p0 = pos
-                for _ in range(count):
-                    if p0 + 8 > n_buf:
-                        raise _Truncated()
-                    (n,) = unpack_q(mm, p0)
-                    p0 += 8
-                    if out is not None:
-                        out.append(mm[p0 : p0 + n].decode("utf-8", "surrogateescape"))
-                    p0 += n
-                if p0 > n_buf:
+        if count > _MAX_COUNT:
+            raise ValueError(f"array '{key}' of {count:,} elements")
+        if etype == _STRING:
+            # tight loop: 151k-entry vocabularies and merge lists; merges are walked past, not decoded
+            keep = key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml.")
+            unpack_q = _U64.unpack_from
+            out: list[str] | None = [] if keep else None
+            p0 = pos
+            for _ in range(count):
+                if p0 + 8 > n_buf:
                     raise _Truncated()
-                pos = p0
-                return out
-            if etype in _SCALAR:
-                fmt = _SCALAR[etype]
-                sz = struct.calcsize(fmt)
-                if pos + sz * count > n_buf:
+                (n,) = unpack_q(mm, p0)
+                p0 += 8
+                if p0 + n > n_buf:
                     raise _Truncated()
-                # numeric arrays (token types, scores) are only skipped over: nothing here needs them
-                _skip(sz * count)
-                return None
-            return [value(etype) for _ in range(count)]
-        raise ValueError(f"unknown metadata value type {vtype}")
-
-    def _skip(n: int) -> None:
-        nonlocal pos
-        pos += n
+                if out is not None:
+                    out.append(mm[p0 : p0 + n].decode("utf-8", "surrogateescape"))
+                p0 += n
+            pos = p0
+            return out
+        if etype not in _SCALAR:
+            raise ValueError(f"array '{key}' has element type {etype}")
+        fmt = _SCALAR[etype]
+        size = struct.calcsize(fmt) * count
+        if pos + size > n_buf:
+            raise _Truncated()
+        if key == "tokenizer.ggml.precompiled_charsmap" and size == count:  # UINT8/INT8 bytes
+            values: Any = mm[pos : pos + size]
+        elif key == "tokenizer.ggml.token_type" and etype == _INT32:
+            values = array.array("i", mm[pos : pos + size])
+            if sys.byteorder == "big":
+                values.byteswap()
+        elif count <= _KEEP_NUMBERS:
+            values = list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos))
+        else:
+            values = None
+        pos += size
+        return values
 
     try:
-        n_tensors, n_kv = take("<Q"), take("<Q")
-        if n_tensors > _MAX_HEADER or n_kv > _MAX_HEADER:
-            raise ValueError(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
+        version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
+        if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
+            raise ValueError(f"implausible counts ({n_tensors:,} tensors, {n_kv:,} keys)")
         kv: dict[str, Any] = {}
+        kv_types: dict[str, tuple[int, int | None]] = {}
+        lengths: dict[str, int] = {}
         for _ in range(n_kv):
             key = string()
-            kv[key] = value(take("<I"), keep=key in _KEEP_ARRAYS or not key.startswith("tokenizer.ggml."))
+            if not key:
+                raise ValueError("empty metadata key")
+            if key in kv:
+                raise ValueError(f"duplicate metadata key '{key}'")
+            vtype = take("<I")
+            if vtype == _ARRAY:
+                etype, count = take("<I"), take("<Q")
+                kv_types[key], lengths[key] = (vtype, etype), count
+                kv[key] = read_array(key, etype, count)
+            elif vtype == _STRING:
+                kv_types[key], kv[key] = (vtype, None), string()
+            elif vtype in _SCALAR:
+                kv_types[key], kv[key] = (vtype, None), take(_SCALAR[vtype])
+            else:
+                raise ValueError(f"key '{key}' has unknown value type {vtype}")
         tensors = []
         for _ in range(n_tensors):
             name = string()
             n_dims = take("<I")
-            if n_dims > 8:
-                raise ValueError(f"tensor '{name}' has {n_dims} dimensions")
+            if n_dims > _MAX_DIMS:
+                raise ValueError(f"tensor '{name}' has {n_dims} dimensions (at most {_MAX_DIMS})")
             dims = [take("<Q") for _ in range(n_dims)]
-            tensors.append((name, dims, take("<I"), take("<Q")))
-        align = int(kv.get("general.alignment") or 32)
+            if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
+                raise ValueError(f"tensor '{name}' has an impossible shape {dims}")
+            tensors.append(TensorInfo(name, dims, take("<I"), take("<Q")))
+        align = kv.get("general.alignment")
+        if kv_types.get("general.alignment") != (_UINT32, None) or not align or align & (align - 1):
+            align = _DEFAULT_ALIGNMENT  # an invalid value is reported by gguf_rules
         data_start = (pos + align - 1) // align * align
-        return kv, tensors, data_start
+        return GGUFHeader(version, kv, kv_types, lengths, tensors, align, data_start, n_buf)
     finally:
         buf.release()  # the mmap cannot close while a view of it is alive
         mm.close()
+
+
+def _text(v: Any) -> str | None:
+    """A free-text metadata value (gguf_rules does not check these keys' types)."""
+    return v if isinstance(v, str) else None
 
 
 def _opt_int(v: Any) -> int | None:
