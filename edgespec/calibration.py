@@ -245,6 +245,8 @@ def calibrate(target: Any, draft: Any | None, *, use_cache: bool = True) -> Cali
     if draft is not None:
         one, _ = measure_decode_costs(draft, sizes=(1,), rounds=5)
         c_draft = one[1]
+    # an implausible curve (a hiccup that even the median kept) counts as unsteady: used now, never cached
+    steady = steady and valid_entry({"verify": verify, "draft": c_draft, "when": time.time()}) is not None
     cal = Calibration(verify, c_draft, source if steady else "measured-unsteady", steady)
     if use_cache and steady:
         store(key, cal)

@@ -2,12 +2,15 @@
 
 The data goes to a temporary file in the same directory, is flushed and fsynced, then renamed over the target
 (`os.replace`, atomic on POSIX and Windows). A failure at any point (a full disk, a permission, a signal) leaves
-the old file as it was and removes the temporary one.
+the old file as it was and removes the temporary one. A symlink is followed (the file it points to is replaced,
+the link stays); a target that exists but is not a regular file (a device such as /dev/full, a FIFO, a folder) is
+refused, since renaming over it would replace it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -24,7 +27,9 @@ def atomic_open(path: PathLike, mode: str = "w", *, encoding: str | None = "utf-
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes only ('w' or 'wb'), got {mode!r}")
-    target = Path(os.fspath(path))
+    target = Path(os.path.realpath(os.fspath(path)))  # through symlinks: replace the file, not the link
+    if target.exists() and not target.is_file():  # a device, a FIFO, a folder: renaming over it would replace it
+        raise OSError(errno.EINVAL, "not a regular file", str(target))
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     ok = False

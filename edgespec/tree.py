@@ -340,7 +340,7 @@ class RngDraws:
 PRows = Sequence["np.ndarray | None"] | np.ndarray
 
 
-def _check_rows(tree: TokenTree, p_rows: PRows) -> None:
+def _check_rows(tree: TokenTree, p_rows: Sequence[object] | np.ndarray) -> None:
     if len(p_rows) != len(tree) + 1:
         raise ValueError(f"need one target row per node plus the root row: {len(tree) + 1}, got {len(p_rows)}")
 
@@ -484,7 +484,9 @@ class _ScriptedDraws:
     def choose(self, weights: np.ndarray) -> int:
         w = np.asarray(weights, dtype=np.float64)
         w = w / w.sum()
-        return int(self._next([(int(i), float(w[i])) for i in np.flatnonzero(w > 0)]))  # type: ignore[arg-type]
+        choice = self._next([(int(i), float(w[i])) for i in np.flatnonzero(w > 0)])
+        assert isinstance(choice, int)
+        return choice
 
 
 def outcome_distribution(

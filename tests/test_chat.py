@@ -363,3 +363,21 @@ def test_target_alone_with_a_default_draft_that_does_not_fit(tiny, monkeypatch):
     res = CliRunner().invoke(main, ["generate", "abc", "--target", str(tiny["target"]), "--max-tokens", "4", "--ctx", "256", "--json"])
     assert res.exit_code == 0, res.output
     assert "does not fit" in res.stderr and "n-gram lookup" in res.stderr
+
+
+def test_save_never_replaces_a_device_or_a_symlink(engine, tmp_path):
+    import os
+
+    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=2)
+    s.send("hi").result()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ChatError, match="not a regular file"):
+        s.save(fifo)
+    assert fifo.is_fifo()
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    s.save(link)
+    assert link.is_symlink() and json.loads(real.read_text())["messages"][0]["content"] == "hi"
