@@ -398,3 +398,16 @@ def test_a_request_may_pick_another_drafter(eng, reference, tiny):
             plain_only.stream("abc", drafter="model")
     finally:
         plain_only.close()
+
+
+def test_close_from_another_thread_while_iterating(eng, reference):
+    gen = eng.stream("abc d", sampling=GREEDY, max_tokens=300)
+    it = iter(gen)
+    next(it)
+    closer = threading.Thread(target=gen.close)
+    closer.start()
+    rest = list(it)  # iteration ends once the engine has stopped the generation
+    closer.join(30)
+    assert not closer.is_alive() and gen.done and gen.finish_reason in ("cancelled", "length")
+    assert len(rest) < 300
+    assert eng.generate("abc d", sampling=GREEDY, max_tokens=24).token_ids == reference["abc d"]
