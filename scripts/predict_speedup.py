@@ -1,0 +1,628 @@
+#!/usr/bin/env python3
+"""Predict edgespec's greedy speedup on any hardware from its measured costs, without the models.
+
+    .venv/bin/python scripts/predict_speedup.py --curve scripts/data/curve_gpu_flat.json
+    .venv/bin/python scripts/predict_speedup.py --curve bench.json          # the costs an `edgespec bench --json` used
+    .venv/bin/python scripts/predict_speedup.py --curve ~/.cache/edgespec/calibration.json --json out.json
+    .venv/bin/python scripts/predict_speedup.py measure TARGET.gguf [DRAFT.gguf] --n-gpu-layers -1 --out curve.json
+
+Acceptance does not depend on the hardware; cost does. At temperature 0 every accepted context is the target's
+greedy trace, so what a drafter proposes at a position depends only on the trace: scripts/record_traces.py recorded
+the real pair's traces on the 5 bench suites and the draft model's greedy continuation (with its confidences) at
+every position (scripts/data/traces.json.gz). This script replays them through edgespec's own code: the
+speculation loop (speculate.speculate), the speculators from speculators.make_speculator (Controller, NgramPolicy,
+the real NgramIndex, the hardware gate), on a CostModel built from the curve file, as the engine builds it. Only
+the two models are fakes: the target answers with the recorded trace, the draft with its recorded continuations,
+and each advances a virtual clock by what the curve file says the call costs (no wall clock):
+
+    target decode of n tokens   verify(n)                            (the curve)
+    draft: one token            draft                                (seconds per draft token)
+    draft: catching up m tokens draft_verify(m), else draft * verify(m) / verify(1)
+    every cycle                 overhead                             (Python work outside both models; default 0)
+
+The engine's online learning runs as in a bench (the curve and the draft cost carry over from prompt to prompt),
+fed with these modelled times. Speedup per suite = plain decode time / speculative decode time over the suite's
+prompts (summed tokens / summed seconds on each side, as `edgespec bench` reports it), for each drafter kind the
+engine has: model, ngram, model+ngram (the default, "auto" with a draft model).
+
+The oracle: knowing how many tokens each proposal would get accepted (the recorded continuation's and the lookup's
+match with the trace), the fewest modelled seconds to produce each trace, by dynamic programming over positions
+(per cycle: plain, or any k up to the number that will be accepted, from the model or the lookup). No policy that
+drafts from the same proposals can beat it (it ignores the draft's catch-up cost, so it is a bound, slightly
+optimistic for the model drafter).
+
+Curve files: {"verify": {"1": s, "2": s, ...}, "draft": s_per_token, optional "overhead": s_per_cycle,
+"draft_verify": {"1": s, ...}, "name": ...}. Also accepted: an `edgespec bench --json` report (its
+costs.calibration) and edgespec's calibration cache (the most recently used entry). `measure` writes one for any
+pair of GGUF files on this machine (CPU or GPU offload): verify sizes 1..64 by default, the draft's per-token cost
+and its curve up to 17 tokens (for catch-ups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to this script
+
+from record_traces import continuation  # noqa: E402
+
+DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
+KINDS = ("model", "ngram", "model+ngram")
+
+
+# --------------------------------------------------------------------------------------------- costs
+@dataclass
+class Curve:
+    """Costs from a curve file: verify {n: s}, draft s/token, overhead s/cycle, draft_verify {n: s} (optional)."""
+
+    verify: dict[int, float]
+    draft: float
+    overhead: float = 0.0
+    draft_verify: dict[int, float] | None = None
+    name: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        one = self.verify.get(1) or min(self.verify.values())
+        return {
+            "name": self.name,
+            "verify": {str(n): s for n, s in sorted(self.verify.items())},
+            "verify_relative": {str(n): round(s / one, 4) for n, s in sorted(self.verify.items())},
+            "draft": self.draft,
+            "draft_relative": round(self.draft / one, 4),
+            "overhead": self.overhead,
+            "draft_verify": None if self.draft_verify is None else {str(n): s for n, s in sorted(self.draft_verify.items())},
+        }
+
+
+def _points(raw: Mapping[Any, Any]) -> dict[int, float]:
+    pts = {int(n): float(s) for n, s in raw.items()}
+    if not pts or any(n < 1 or not (0 < s < math.inf) for n, s in pts.items()):
+        raise ValueError(f"a verify curve needs {{n >= 1: seconds > 0}}, got {dict(raw)}")
+    return pts
+
+
+def load_curve(path: str | Path) -> Curve:
+    """A curve file, a bench --json report, or edgespec's calibration cache (see the module docstring)."""
+    p = Path(path).expanduser()
+    data = json.loads(p.read_text(encoding="utf-8"))
+    name = p.name
+    if isinstance(data, dict) and isinstance(data.get("costs"), dict) and "calibration" in data["costs"]:
+        data = data["costs"]["calibration"]  # an edgespec bench --json report
+        name += " (bench report costs)"
+    elif isinstance(data, dict) and isinstance(data.get("entries"), dict):  # the calibration cache
+        entries = [e for e in data["entries"].values() if isinstance(e, dict) and "verify" in e]
+        if not entries:
+            raise ValueError(f"{p}: no calibration entries")
+        data = max(entries, key=lambda e: float(e.get("used", e.get("when", 0))))
+        name += " (latest calibration entry)"
+    if not isinstance(data, dict) or "verify" not in data:
+        raise ValueError(f"{p}: expected {{\"verify\": {{n: seconds}}, \"draft\": seconds}}")
+    dv = data.get("draft_verify")
+    return Curve(
+        verify=_points(data["verify"]),
+        draft=float(data.get("draft", 0.0)),
+        overhead=float(data.get("overhead", 0.0)),
+        draft_verify=_points(dv) if dv else None,
+        name=str(data.get("name") or name),
+    )
+
+
+class Clock:
+    """The virtual clock the speculation loop reads instead of time.perf_counter."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@contextlib.contextmanager
+def virtual_time(clock: Clock) -> Iterator[None]:
+    """speculate.py reads `time.perf_counter()` through its module's `time`; point that at the clock."""
+    import edgespec.speculate as S
+
+    if not hasattr(S, "time") or not hasattr(S.time, "perf_counter"):
+        raise RuntimeError("edgespec.speculate no longer reads time.perf_counter through `time`: update the predictor")
+    real = S.time
+    S.time = clock  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        S.time = real
+
+
+# --------------------------------------------------------------------------------------------- fake models
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TraceTarget:
+    """The target as the loop sees it (speculate.LanguageModel): it answers every row with the recorded greedy
+    trace's next token and charges verify(n) per decode of n tokens, overhead per cycle (at truncate)."""
+
+    def __init__(self, full: list[int], n_vocab: int, eog: frozenset[int], verify: Any, overhead: float, clock: Clock) -> None:
+        self.full = full
+        self.n_vocab = n_vocab
+        self.n_ctx = len(full) + 64
+        self.n_decoded = 0
+        self.eog = eog
+        self.verify = verify
+        self.overhead = overhead
+        self.clock = clock
+        self.cached: list[int] = []
+        self.prefill_rows = False  # did the loop's prefill ask for the last prompt token's logits?
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,), *, should_stop: Any = None, progress: Any = None) -> np.ndarray:
+        """The prompt's prefill: not part of decode time (bench rates exclude it)."""
+        self.prefill_rows = bool(rows)
+        self.cached = list(tokens)
+        self.n_decoded += len(tokens)
+        return self._rows(0, [r % len(tokens) for r in rows]) if rows else np.empty((0, self.n_vocab), np.float32)
+
+    def _rows(self, start_pos: int, rows: Sequence[int]) -> np.ndarray:
+        out = np.zeros((len(rows), self.n_vocab), np.float32)
+        last = len(self.full) - 1
+        for i, r in enumerate(rows):
+            out[i, self.full[min(start_pos + r + 1, last)]] = 1.0  # row r predicts the token after position start + r
+        return out
+
+    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
+        assert start_pos == len(self.cached), (start_pos, len(self.cached))
+        n = len(tokens)
+        self.clock.now += self.verify(n)
+        self.cached += list(tokens)
+        self.n_decoded += n
+        return self._rows(start_pos, [r % n for r in rows])
+
+    def truncate(self, n_past: int) -> None:
+        del self.cached[n_past:]
+        self.clock.now += self.overhead  # once per cycle, outside the timed draft and verify
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+
+def logits_row(token: int, confidence: float) -> np.ndarray:
+    """A logits row whose argmax is `token` and whose top softmax probability is `confidence`."""
+    c = min(max(float(confidence), 1e-4), 1.0)
+    n = max(token + 1, int(1.0 / c) + 2)
+    rest = 1.0 / c - 1.0
+    v = math.log(rest / (n - 1)) if rest > 0 else -1e4
+    row = np.full(n, v, dtype=np.float32)
+    row[token] = 0.0
+    return row
+
+
+class RecordedDraft:
+    """The draft model as ModelSpeculator sees it (speculators.model.DraftModel): after a context of prompt +
+    trace[:t] it drafts the recorded greedy continuation of position t, one token per decode, with rows whose top
+    probability is the recorded confidence. Charges draft per decoded token and a batch cost for catch-ups."""
+
+    n_ctx = 1 << 30
+    n_vocab = 1 << 30  # never "foreign": the recording only holds ids of the real vocabulary
+
+    def __init__(self, n_prompt: int, segments: list, draft_len: int, eog: frozenset[int], cost: Curve, clock: Clock) -> None:
+        self.P = n_prompt
+        self.segments = segments
+        self.draft_len = draft_len
+        self.eog = eog
+        self.cost = cost
+        self.clock = clock
+        self.cached: list[int] = []
+        self._cont: tuple[list[int], list[float]] = ([], [])
+        self._i = 0
+        self.curve = None
+        if cost.draft_verify:
+            from edgespec.costs import VerifyCurve
+
+            self.curve = VerifyCurve(cost.draft_verify)
+            self._scale = cost.draft / self.curve(1)
+        else:
+            from edgespec.costs import VerifyCurve
+
+            self.curve = VerifyCurve(cost.verify)
+            self._scale = cost.draft / self.curve(1)
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    def batch_cost(self, n: int) -> float:
+        return self.cost.draft if n <= 1 else self.curve(n) * self._scale
+
+    def _row(self) -> np.ndarray:
+        toks, conf = self._cont
+        if self._i >= len(toks):
+            raise RuntimeError(
+                f"the draft was asked for token {self._i + 1} of a recorded continuation of {len(toks)} "
+                f"(recorded draft_len {self.draft_len}: use --draft-max <= {self.draft_len})"
+            )
+        return logits_row(toks[self._i], conf[self._i])[None]
+
+    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
+        tokens = list(tokens)
+        keep = _common_prefix(self.cached, tokens)
+        if rows and keep == len(tokens):
+            keep -= 1
+        self.clock.now += self.batch_cost(len(tokens) - keep)
+        self.cached = tokens
+        if not rows:
+            return np.empty((0, 1), np.float32)
+        self._cont = continuation(self.segments, len(tokens) - self.P, self.draft_len)
+        self._i = 0
+        return self._row()
+
+    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
+        assert start_pos == len(self.cached)
+        assert len(tokens) == 1 and tokens[0] == self._cont[0][self._i], "the speculator drafted an unrecorded token"
+        self.clock.now += self.batch_cost(1)
+        self.cached += list(tokens)
+        self._i += 1
+        return self._row()
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
+
+
+# --------------------------------------------------------------------------------------------- replay
+@dataclass
+class Side:
+    """Summed results of one drafter kind over some prompts."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    cycles: int = 0
+    spec_cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def add(self, stats: Any, seconds: float) -> None:
+        self.tokens += stats.n_generated
+        self.seconds += seconds
+        self.cycles += stats.n_cycles
+        self.spec_cycles += stats.n_spec_cycles
+        self.drafted += stats.n_drafted
+        self.accepted += stats.n_accepted
+        for k, v in stats.source_counts.items():
+            self.sources[k] = self.sources.get(k, 0) + v
+
+
+class EngineState:
+    """What an Engine carries from one generation to the next: its live verify curve and the draft's cost."""
+
+    def __init__(self, cost: Curve) -> None:
+        from edgespec.costs import VerifyCurve
+
+        self.curve = VerifyCurve(cost.verify)
+        self.draft_cost = cost.draft
+
+
+def run_one(
+    rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: EngineState, spec: Any
+) -> tuple[Any, float]:
+    """Replay one recorded prompt with drafter `kind` (None = plain decoding): (GenerationStats, decode seconds)."""
+    from edgespec.config import SamplingParams
+    from edgespec.costs import CostModel, VerifyCurve
+    from edgespec.speculate import speculate
+    from edgespec.speculators import make_speculator, model_draft_used
+    from edgespec.stats import GenerationStats
+
+    prompt, trace = list(rec["prompt"]), list(rec["trace"])
+    eog = frozenset(meta["eog_ids"])
+    truth = VerifyCurve(cost.verify)  # what a decode really costs (the file), apart from what the engine learns
+    clock = Clock()
+    target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock)
+    draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
+    sampling = SamplingParams(temperature=0)
+    speculator = None
+    cm = CostModel(state.curve, c_draft=state.draft_cost)
+    if kind is not None:
+        speculator = make_speculator(kind, spec, sampling, cm, draft)
+        if model_draft_used(kind, spec, cm) and len(prompt) > 1:
+            draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
+    stats = GenerationStats()
+    max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" else len(trace)
+    with virtual_time(clock):
+        out: list[int] = []
+        for step in speculate(target, prompt, sampling, None, max_tokens=max_tokens, speculator=speculator, stats=stats):
+            out += step.tokens
+    if out != trace[: len(out)] or len(out) != len(trace):
+        raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
+    if kind is not None:
+        state.draft_cost = cm.c_draft
+    stats.prefill_gave_logits = target.prefill_rows  # type: ignore[attr-defined]
+    return stats, clock.now
+
+
+def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int]:
+    """Per position t: how many of the draft model's first k_max recorded tokens the target would accept."""
+    trace, eog = rec["trace"], frozenset(meta["eog_ids"])
+    out = []
+    for t in range(len(trace)):
+        toks, _ = continuation(rec["segments"], t, int(meta["draft_len"]))
+        r = 0
+        while r < min(k_max, len(toks)) and t + r < len(trace) and toks[r] == trace[t + r]:
+            r += 1
+            if toks[r - 1] in eog:
+                break
+        out.append(r)
+    return out
+
+
+def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
+    """Per position t: how many tokens of the n-gram lookup's proposal the target would accept."""
+    from edgespec.ngram import NgramIndex
+
+    prompt, trace = list(rec["prompt"]), list(rec["trace"])
+    idx = NgramIndex(spec.ngram_n_max, spec.ngram_n_min)
+    out = []
+    for t in range(len(trace)):
+        m = idx.lookup(prompt + trace[:t], k_max)
+        r = 0
+        while r < len(m.tokens) and t + r < len(trace) and m.tokens[r] == trace[t + r]:
+            r += 1
+        out.append(r)
+    return out
+
+
+def oracle_seconds(
+    n: int, cost: Curve, model_r: Sequence[int] | None, ngram_r: Sequence[int] | None, first_from_prefill: bool = False
+) -> float:
+    """The fewest modelled seconds to produce n tokens when every cycle may decode plainly or draft any k up to the
+    number of tokens its proposal will get accepted (dynamic programming over positions). first_from_prefill: the
+    loop's prefill already decoded the last prompt token, so the first cycle decodes only its k drafts (verify(k),
+    nothing for a plain first token)."""
+    from edgespec.costs import VerifyCurve
+
+    v = VerifyCurve(cost.verify)
+    o = cost.overhead
+
+    def decode(t: int, k: int) -> float:
+        if t == 0 and first_from_prefill:
+            return v(k) if k else 0.0
+        return v(k + 1)
+
+    f = [0.0] * (n + 1)
+    for t in range(n - 1, -1, -1):
+        best = decode(t, 0) + o + f[t + 1]
+        room = n - t - 1  # drafted tokens that still fit (the loop's budget)
+        if model_r is not None:
+            for k in range(1, min(model_r[t], room) + 1):
+                best = min(best, k * cost.draft + decode(t, k) + o + f[t + k + 1])
+        if ngram_r is not None:
+            for k in range(1, min(ngram_r[t], room) + 1):
+                best = min(best, decode(t, k) + o + f[t + k + 1])
+        f[t] = best
+    return f[0]
+
+
+def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS) -> dict[str, Any]:
+    """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds."""
+    from edgespec.costs import CostModel
+    from edgespec.speculators import model_draft_used
+
+    if spec.draft_max > int(data["draft_len"]):
+        raise ValueError(f"draft_max {spec.draft_max} exceeds the recorded draft length {data['draft_len']}")
+    prompts = [p for p in data["prompts"] if not suites or p["suite"] in suites]
+    if not prompts:
+        raise ValueError(f"no recorded prompts for suites {list(suites)}")
+    states = {k: EngineState(cost) for k in kinds}
+    plain_state = EngineState(cost)
+    per_suite: dict[str, dict[str, Any]] = {}
+    oracle_cap = max(spec.draft_max, 1)
+    for rec in prompts:
+        s = per_suite.setdefault(rec["suite"], {"prompts": 0, "plain": Side(), **{k: Side() for k in kinds},
+                                                 "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}})
+        s["prompts"] += 1
+        st, sec = run_one(rec, data, None, cost, plain_state, spec)
+        s["plain"].add(st, sec)
+        first = bool(getattr(st, "prefill_gave_logits", False))
+        for k in kinds:
+            st, sec = run_one(rec, data, k, cost, states[k], spec)
+            s[k].add(st, sec)
+        n = len(rec["trace"])
+        mr = model_matches(rec, data, oracle_cap)
+        nr = ngram_matches(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+        s["oracle"]["model"] += oracle_seconds(n, cost, mr, None, first)
+        s["oracle"]["ngram"] += oracle_seconds(n, cost, None, nr, first)
+        s["oracle"]["model+ngram"] += oracle_seconds(n, cost, mr, nr, first)
+
+    def summary(s: dict[str, Any]) -> dict[str, Any]:
+        plain: Side = s["plain"]
+        out: dict[str, Any] = {"prompts": s["prompts"], "tokens": plain.tokens, "plain_seconds": round(plain.seconds, 6)}
+        for k in kinds:
+            side: Side = s[k]
+            out[k] = {
+                "speedup": round(plain.seconds / side.seconds, 4),
+                "seconds": round(side.seconds, 6),
+                "cycles": side.cycles,
+                "spec_cycles": side.spec_cycles,
+                "drafted": side.drafted,
+                "accepted": side.accepted,
+                "acceptance": round(side.accepted / side.drafted, 4) if side.drafted else None,
+                "sources": dict(sorted(side.sources.items())),
+            }
+        out["oracle"] = {k: round(plain.seconds / v, 4) for k, v in s["oracle"].items()}
+        return out
+
+    total: dict[str, Any] = {"prompts": 0, "plain": Side(), **{k: Side() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}}
+    for s in per_suite.values():
+        total["prompts"] += s["prompts"]
+        for k in ["plain", *kinds]:
+            a, b = total[k], s[k]
+            a.tokens += b.tokens
+            a.seconds += b.seconds
+            a.cycles += b.cycles
+            a.spec_cycles += b.spec_cycles
+            a.drafted += b.drafted
+            a.accepted += b.accepted
+            for src, v in b.sources.items():
+                a.sources[src] = a.sources.get(src, 0) + v
+        for k, v in s["oracle"].items():
+            total["oracle"][k] += v
+    gate = model_draft_used("model", spec, CostModel(cost.verify, c_draft=cost.draft))
+    return {
+        "curve": cost.describe(),
+        "spec": {"draft_max": spec.draft_max, "adaptive": spec.adaptive, "ngram_draft_max": spec.ngram_draft_max},
+        "draft_model_pays": gate,
+        "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len")},
+        "suites": {name: summary(s) for name, s in per_suite.items()},
+        "overall": summary(total),
+    }
+
+
+def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str:
+    c = result["curve"]
+    rel = c["verify_relative"]
+    shown = " ".join(f"{n}:{rel[n]:.2f}" for n in rel if int(n) in (2, 4, 8, 16, 17, 32, 64))
+    one = float(c["verify"].get("1") or min(c["verify"].values()))
+    lines = [
+        f"curve {c['name']}: 1 token {1000 * one:.2f} ms; verify x one token {shown}; draft {c['draft_relative']:.2f} x one "
+        f"target token; overhead {1000 * c['overhead']:.2f} ms/cycle",
+        "draft model " + ("pays here (hardware gate open)" if result["draft_model_pays"]
+                          else "cannot pay here: the engine does not run it (model = plain, model+ngram = ngram)"),
+        "",
+    ]
+    head = ["suite", "n", "tokens"] + list(kinds) + [f"oracle {k}" for k in kinds]
+    rows = []
+    for name, s in list(result["suites"].items()) + [("overall", result["overall"])]:
+        rows.append([name, str(s["prompts"]), str(s["tokens"])] + [f"{s[k]['speedup']:.2f}" for k in kinds]
+                    + [f"{s['oracle'][k]:.2f}" for k in kinds])
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
+    lines.append(fmt(head))
+    lines.append("  ".join("-" * w for w in widths))
+    lines += [fmt(r) for r in rows]
+    lines.append("")
+    lines.append("speedup = plain decode time / speculative decode time (modelled), summed over the suite's prompts; "
+                 "oracle = the best any policy drafting from the same proposals could do.")
+    return "\n".join(lines)
+
+
+def load_traces(path: str | Path) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    if data.get("format") != 1:
+        raise ValueError(f"{path}: unknown traces format {data.get('format')}")
+    return data
+
+
+# --------------------------------------------------------------------------------------------- measure
+def parse_sizes(text: str) -> list[int]:
+    """"1-64" or "1,2,4,8" or "1-9,12,16"."""
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out += list(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.append(int(part))
+    return sorted(set(out))
+
+
+def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[int], rounds: int, threads: int | None) -> dict[str, Any]:
+    """A curve file's contents for this machine: the target's verify curve, the draft's per-token cost and its
+    small-batch curve, measured with edgespec.calibration.measure_decode_costs."""
+    import time
+
+    from edgespec.backend import Model
+    from edgespec.calibration import measure_decode_costs
+    from edgespec.config import ModelSpec
+
+    out: dict[str, Any] = {"name": f"measured {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")}
+    n_ctx = max(256, max(sizes) + 64)
+    t0 = time.perf_counter()
+    with Model(ModelSpec(target, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)) as m:
+        measure_decode_costs(m, sizes=(1, 2, 4), rounds=1)  # warm-up (first calls allocate, GPU kernels load)
+        verify, steady = measure_decode_costs(m, sizes=sizes, rounds=rounds)
+    out["verify"] = {str(n): s for n, s in sorted(verify.items())}
+    out["steady"] = steady
+    if draft:
+        with Model(ModelSpec(draft, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)) as d:
+            measure_decode_costs(d, sizes=(1, 2), rounds=1)
+            dv, dsteady = measure_decode_costs(d, sizes=[n for n in sizes if n <= 17] or [1], rounds=rounds)
+            one, _ = measure_decode_costs(d, sizes=(1,), rounds=5)
+        out["draft"] = one[1]
+        out["draft_verify"] = {str(n): s for n, s in sorted(dv.items())}
+        out["steady"] = steady and dsteady
+    else:
+        out["draft"] = 0.0
+    out["n_gpu_layers"] = n_gpu_layers
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "measure":
+        ap = argparse.ArgumentParser(prog="predict_speedup.py measure", description="Write a curve file for a GGUF pair on this machine.")
+        ap.add_argument("target")
+        ap.add_argument("draft", nargs="?", default=None)
+        ap.add_argument("--n-gpu-layers", "-ngl", type=int, default=0)
+        ap.add_argument("--sizes", default="1-64", help="verify batch sizes, e.g. 1-64 or 1-9,12,16,17 (default 1-64)")
+        ap.add_argument("--rounds", type=int, default=3)
+        ap.add_argument("--threads", type=int, default=None)
+        ap.add_argument("--out", type=Path, required=True)
+        a = ap.parse_args(argv[1:])
+        res = measure(a.target, a.draft, a.n_gpu_layers, parse_sizes(a.sizes), a.rounds, a.threads)
+        a.out.write_text(json.dumps(res, indent=1) + "\n")
+        one = res["verify"]["1"]
+        print(f"wrote {a.out}: 1 token {1000 * one:.2f} ms, " + " ".join(
+            f"{n}:{s / one:.2f}" for n, s in res["verify"].items() if int(n) in (2, 4, 8, 16, 32, 64)
+        ) + (f"; draft {1000 * res['draft']:.2f} ms/token" if res["draft"] else "") + f" ({res['seconds']} s)")
+        return 0
+    if argv and argv[0] == "predict":
+        argv = argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="subcommand: predict_speedup.py measure TARGET [DRAFT] --out FILE (see measure --help)")
+    ap.add_argument("--curve", action="append", required=True, help="curve file(s) (or bench --json report, or calibration cache)")
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    ap.add_argument("--suite", action="append", default=[])
+    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
+    ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
+    a = ap.parse_args(argv)
+
+    from edgespec.config import SpecConfig
+
+    spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k)
+    data = load_traces(a.traces)
+    results = []
+    for path in a.curve:
+        cost = load_curve(path)
+        if a.overhead is not None:
+            cost.overhead = a.overhead
+        res = predict(data, cost, spec, a.suite)
+        results.append(res)
+        print(format_table(res))
+        print()
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Record what the speedup predictor replays: greedy traces of the real pair on the bench suites, and the draft
+model's greedy continuation (with its confidences) at every position of each trace.
+
+    nice .venv/bin/python scripts/record_traces.py                       # all 5 suites, 128 tokens, 16 draft tokens
+    .venv/bin/python scripts/record_traces.py --suite code-completion --max-tokens 32 --out /tmp/t.json.gz
+
+Why this is enough: at temperature 0 the accepted context is always the target's greedy trace (speculation is
+exact), so a cycle at position t proposes tokens that depend only on prompt + trace[:t]. For the draft model that
+is its greedy continuation from that context (recorded here, up to --draft-len tokens, with the top probability of
+each drafted token: the confidence the Controller's keep_drafting sees); for n-gram lookups it is NgramIndex on the
+same context (replayed, not recorded). Acceptance and hardware cost are then separate: acceptance is in this file,
+cost comes from a verify-curve file (scripts/predict_speedup.py).
+
+Recording is cheap because a greedy continuation from t + 1 is the one from t shifted by one token whenever the
+draft's first token equals trace[t] (same context, deterministic): the draft then decodes one more token. Only a
+divergence starts a new continuation ("segment"). The file stores segments, not one continuation per position:
+
+    {"format": 1, "draft_len": L, "max_tokens": N, "target": ..., "draft": ..., "n_vocab": V, "eog_ids": [...],
+     "recorded": ..., "machine": ...,
+     "prompts": [{"suite", "index", "name", "prompt": [ids], "trace": [ids], "stop": "eos"|"length",
+                  "segments": [[t0, [tokens...], [confidences x 1e4, ints]], ...]}]}
+
+Position t's continuation is segment[t - t0 : t - t0 + L] of the segment with the largest t0 <= t, cut after an
+end-of-generation token (the draft stops there). Written as gzip'd JSON (the 5 suites: well under 1 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "data" / "traces.json.gz"
+FORMAT = 1
+CONF_SCALE = 10_000  # confidences are stored as round(p * CONF_SCALE)
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """max softmax(logits), as speculators.model.top_probability computes it."""
+    from edgespec.speculators.model import top_probability as tp
+
+    return tp(logits)
+
+
+def record_segments(draft: Any, context: list[int], trace: list[int], draft_len: int) -> list[list[Any]]:
+    """The draft's greedy continuations at every position of `trace` after `context`, as segments (see the module
+    docstring). `draft` is a backend.Model (or anything with reset/sync/decode/truncate/is_eog/n_past)."""
+    from edgespec.sampling import greedy as greedy_token
+    from edgespec.config import SamplingParams
+
+    params = SamplingParams(temperature=0)
+    segments: list[list[Any]] = []
+    full = list(context) + list(trace)
+    P = len(context)
+    draft.reset()
+    seg_tokens: list[int] = []
+    seg_conf: list[int] = []
+    t0 = -1
+    logits = None  # the draft's logits after its cache (the next token's), None = must resync
+    for t in range(len(trace)):
+        need_new = t0 < 0 or t - t0 >= len(seg_tokens) or seg_tokens[t - t0 - 1] != trace[t - 1]
+        if need_new:
+            # a new segment from context full[:P + t]
+            if t0 >= 0:
+                segments.append([t0, seg_tokens, seg_conf])
+            t0, seg_tokens, seg_conf = t, [], []
+            logits = draft.sync(full[: P + t])[0]
+        # extend the segment until it covers positions t .. t + draft_len - 1 (or ends at an end token)
+        while len(seg_tokens) < (t - t0) + draft_len and not (seg_tokens and draft.is_eog(seg_tokens[-1])):
+            if logits is None:
+                logits = draft.decode([seg_tokens[-1]], draft.n_past, (0,))[0]
+            d = greedy_token(logits, params, full[: P + t0] + seg_tokens)
+            seg_tokens.append(int(d))
+            seg_conf.append(int(round(top_probability(logits) * CONF_SCALE)))
+            logits = None
+    if t0 >= 0:
+        segments.append([t0, seg_tokens, seg_conf])
+    return segments
+
+
+def continuation(segments: list[list[Any]], t: int, draft_len: int, is_eog: Any = None) -> tuple[list[int], list[float]]:
+    """Position t's recorded continuation (tokens, confidences) from a prompt's segments."""
+    lo, hi = 0, len(segments)
+    while hi - lo > 1:  # the last segment with t0 <= t
+        mid = (lo + hi) // 2
+        if segments[mid][0] <= t:
+            lo = mid
+        else:
+            hi = mid
+    t0, toks, conf = segments[lo]
+    if t0 > t:
+        return [], []
+    toks = toks[t - t0 : t - t0 + draft_len]
+    conf = [c / CONF_SCALE for c in conf[t - t0 : t - t0 + draft_len]]
+    return list(toks), conf
+
+
+def _machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", action="append", default=[], help="bench suite(s) to record (default: all)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--draft-len", type=int, default=16, help="draft tokens recorded per position")
+    ap.add_argument("--target", default=None, help="target GGUF (default: the default pair's)")
+    ap.add_argument("--draft", default=None, help="draft GGUF (default: the default pair's)")
+    ap.add_argument("--prompts-per-suite", type=int, default=0, help="only the first N prompts of each suite (0 = all)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--resume", action="store_true", help="keep the prompts already in --out (same settings), record the rest")
+    a = ap.parse_args(argv)
+
+    from edgespec.bench import load_suites
+    from edgespec.config import ModelSpec, SamplingParams
+    from edgespec.engine import Engine
+    from edgespec.models import resolve_model
+
+    tpath, dpath = resolve_model(a.target, "target"), resolve_model(a.draft, "draft")
+    suites = load_suites()
+    chosen = [s for s in suites if not a.suite or s in a.suite]
+    unknown = [s for s in a.suite if s not in suites]
+    if unknown:
+        ap.error(f"unknown suite(s) {unknown}; known: {list(suites)}")
+    eng = Engine.load(
+        ModelSpec(str(tpath), n_threads=a.threads), ModelSpec(str(dpath), n_threads=a.threads),
+        drafter="model", calibrate_costs=False, prompt_cache_mb=0,
+    )
+    prompts: list[dict[str, Any]] = []
+    n_vocab, eog_ids = eng.target.n_vocab, sorted(eng.target.eog_ids)
+    t_start = time.perf_counter()
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    if a.resume and a.out.exists():
+        old = json.loads(gzip.decompress(a.out.read_bytes()))
+        if (old.get("draft_len"), old.get("max_tokens")) == (a.draft_len, a.max_tokens):
+            done = {(p["suite"], p["index"]): p for p in old["prompts"]}
+
+    def save() -> dict[str, Any]:
+        data = {
+            "format": FORMAT,
+            "draft_len": a.draft_len,
+            "max_tokens": a.max_tokens,
+            "target": os.path.basename(str(tpath)),
+            "draft": os.path.basename(str(dpath)),
+            "n_vocab": n_vocab,
+            "eog_ids": eog_ids,
+            "recorded": datetime.date.today().isoformat(),
+            "machine": _machine(),
+            "seconds": round(time.perf_counter() - t_start, 1),
+            "prompts": prompts,
+        }
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = a.out.with_name(a.out.name + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.replace(tmp, a.out)
+        return data
+
+    try:
+        # round-robin over the suites (first prompt of each, then the second, ...): an interrupted recording
+        # still covers every suite
+        order = [(s, i) for i in range(max(len(suites[s]) for s in chosen)) for s in chosen
+                 if i < len(suites[s]) and (not a.prompts_per_suite or i < a.prompts_per_suite)]
+        for suite, i in order:
+            entry = suites[suite][i]
+            if (suite, i) in done:
+                prompts.append(done[(suite, i)])
+                continue
+            t0 = time.perf_counter()
+            ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
+            r = eng.generate(tokens=ctx, sampling=SamplingParams(temperature=0), max_tokens=a.max_tokens, speculative=False)
+            trace = [int(x) for x in r.token_ids]
+            segs = eng.submit(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
+            prompts.append({
+                "suite": suite, "index": i, "name": entry.get("name") or f"{suite}-{i + 1}",
+                "prompt": ctx, "trace": trace, "stop": r.stats.stop_reason, "segments": segs,
+            })
+            hits = len(trace) - len(segs)  # every miss of the draft's first token starts a new segment
+            print(
+                f"  {suite}-{i + 1}: {len(ctx)} prompt + {len(trace)} tokens, {len(segs)} draft segments "
+                f"(~{max(hits, 0) / max(len(trace), 1):.0%} first-token hits), {time.perf_counter() - t0:.0f} s",
+                file=sys.stderr, flush=True,
+            )
+            save()  # after every prompt: an interrupted recording goes on with --resume
+    finally:
+        eng.close()
+    data = save()
+    print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.0f} KiB, {len(prompts)} prompts, {data['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The GPU-evidence tools (issue 14): trace recording, the speedup predictor, the synthetic-model generator and the
+device script's plumbing. All on tiny models or synthetic data: no GPU, no real pair.
+
+* record_traces.record_segments stores one greedy continuation per position as shifted segments: checked against a
+  brute-force continuation at every position, with a fake draft and with a real tiny draft through llama.cpp.
+* The predictor's replay is the engine's own loop and speculators over fake models: with a fixed draft length its
+  cycles, drafted and accepted counts equal a real run's on tiny models (model and n-gram drafters), and its
+  speedups never beat the oracle bound.
+* synth_model: a spec read from a tiny GGUF gives a loadable quantized model of the same shapes.
+* gpu_check.sh runs end to end in its quick mode (slow).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import predict_speedup as ps  # noqa: E402
+import record_traces as rt  # noqa: E402
+
+from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
+from edgespec.costs import CostModel  # noqa: E402
+from edgespec.speculators.model import top_probability  # noqa: E402
+
+FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
+CPU = {1: 0.060, 2: 0.096, 4: 0.15, 8: 0.30, 16: 0.60}
+
+
+# --------------------------------------------------------------------------------------------- fakes
+class RuleDraft:
+    """A deterministic 'draft model' over a small vocabulary: its greedy token after a context is a fixed function
+    of the last two tokens. Implements what record_segments needs (reset/sync/decode/is_eog/n_past)."""
+
+    V = 50
+
+    def __init__(self, eog: int | None = None) -> None:
+        self.cached: list[int] = []
+        self.eog = eog
+
+    @property
+    def n_past(self) -> int:
+        return len(self.cached)
+
+    def reset(self) -> None:
+        self.cached = []
+
+    def next_token(self, ctx: list[int]) -> int:
+        return (ctx[-1] * 7 + ctx[-2] * 3 + 1) % self.V
+
+    def _row(self) -> np.ndarray:
+        row = np.full(self.V, -3.0, dtype=np.float32)
+        row[self.next_token(self.cached)] = 1.0 + (len(self.cached) % 5)
+        return row[None]
+
+    def sync(self, tokens, rows=(-1,)):
+        self.cached = list(tokens)
+        return self._row()
+
+    def decode(self, tokens, start_pos, rows=(-1,)):
+        assert start_pos == len(self.cached)
+        self.cached += list(tokens)
+        return self._row()
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.eog
+
+
+def brute_continuation(draft: RuleDraft, ctx: list[int], n: int) -> tuple[list[int], list[float]]:
+    toks, conf, c = [], [], list(ctx)
+    for _ in range(n):
+        draft.sync(c)
+        row = draft._row()[0]
+        d = int(np.argmax(row))
+        toks.append(d)
+        conf.append(round(top_probability(row) * rt.CONF_SCALE) / rt.CONF_SCALE)
+        c.append(d)
+        if draft.is_eog(d):
+            break
+    return toks, conf
+
+
+def make_trace(draft: RuleDraft, prompt: list[int], n: int, agree_every: int = 3) -> list[int]:
+    """A 'target' trace that agrees with the draft except at every agree_every-th position."""
+    out, c = [], list(prompt)
+    for i in range(n):
+        d = draft.next_token(c)
+        t = d if (i + 1) % agree_every else (d + 1) % draft.V
+        out.append(t)
+        c.append(t)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- recording
+@pytest.mark.parametrize("agree_every,eog", [(3, None), (1000, None), (2, 7)])
+def test_segments_equal_brute_force_continuations(agree_every, eog):
+    draft = RuleDraft(eog)
+    prompt = [3, 4, 5, 6]
+    trace = make_trace(RuleDraft(), prompt, 40, agree_every)
+    L = 6
+    segs = rt.record_segments(draft, prompt, trace, L)
+    assert [s[0] for s in segs] == sorted(s[0] for s in segs) and segs[0][0] == 0
+    for t in range(len(trace)):
+        toks, conf = rt.continuation(segs, t, L)
+        want_t, want_c = brute_continuation(RuleDraft(eog), prompt + trace[:t], L)
+        assert toks == want_t, t
+        assert conf == pytest.approx(want_c, abs=1e-9)
+    # the shift trick: a perfect agreement needs one segment, not one per position
+    if agree_every == 1000 and eog is None:
+        assert len(segs) == 1
+
+
+def test_logits_row_has_the_recorded_argmax_and_confidence():
+    for tok, conf in [(0, 0.3), (5, 0.01), (151000, 0.999), (3, 1.0), (7, 0.5)]:
+        row = ps.logits_row(tok, conf)
+        assert int(np.argmax(row)) == tok
+        assert top_probability(row) == pytest.approx(conf, abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------------- predictor
+def synthetic_data(agree_every: int, n: int = 60, prompts: int = 2) -> dict:
+    draft = RuleDraft()
+    recs = []
+    for i in range(prompts):
+        prompt = [3 + i, 4, 5, 6, 9, 3 + i, 4, 5]
+        trace = make_trace(draft, prompt, n, agree_every)
+        recs.append({"suite": "s1" if i % 2 == 0 else "s2", "index": i, "name": f"p{i}", "prompt": prompt,
+                     "trace": trace, "stop": "length", "segments": rt.record_segments(RuleDraft(), prompt, trace, 16)})
+    return {"format": 1, "draft_len": 16, "max_tokens": n, "n_vocab": RuleDraft.V, "eog_ids": [], "prompts": recs}
+
+
+@pytest.mark.parametrize("verify", [FLAT, CPU])
+@pytest.mark.parametrize("agree_every", [2, 5, 1000])
+def test_predicted_speedups_never_beat_the_oracle(verify, agree_every):
+    data = synthetic_data(agree_every)
+    cost = ps.Curve(verify=dict(verify), draft=0.3 * verify[1])
+    res = ps.predict(data, cost, SpecConfig())
+    for s in list(res["suites"].values()) + [res["overall"]]:
+        for k in ps.KINDS:
+            assert s[k]["speedup"] <= s["oracle"][k] * (1 + 1e-9) + 1e-9, (k, s)
+        assert s["oracle"]["model+ngram"] >= max(s["oracle"]["model"], s["oracle"]["ngram"]) - 1e-9
+    if verify is FLAT and agree_every == 1000:  # a perfect draft on a flat curve pays a lot
+        assert res["overall"]["model"]["speedup"] > 2.0
+    if verify is CPU:  # the hardware gate: the engine does not run the draft model on such a curve
+        assert not res["draft_model_pays"]
+        assert res["overall"]["model"]["speedup"] == pytest.approx(1.0)
+
+
+def test_oracle_dynamic_programming_by_hand():
+    cost = ps.Curve(verify={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, draft=0.0)
+    # proposals of the model accept 3 tokens everywhere: 8 tokens in two cycles of 4
+    assert ps.oracle_seconds(8, cost, [3] * 8, None) == pytest.approx(2.0)
+    # nothing accepted: plain decoding
+    assert ps.oracle_seconds(5, cost, [0] * 5, [0] * 5) == pytest.approx(5.0)
+    # a costly draft that does not pay is never used
+    costly = ps.Curve(verify={1: 1.0, 2: 1.0}, draft=5.0)
+    assert ps.oracle_seconds(4, costly, [1] * 4, None) == pytest.approx(4.0)
+
+
+def test_curve_files(tmp_path):
+    plain = tmp_path / "c.json"
+    plain.write_text(json.dumps({"verify": {"1": 0.01, "4": 0.02}, "draft": 0.004, "overhead": 0.001}))
+    c = ps.load_curve(plain)
+    assert c.verify == {1: 0.01, 4: 0.02} and c.draft == 0.004 and c.overhead == 0.001
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"costs": {"calibration": {"source": "cache", "verify": {"1": 0.05, "2": 0.08}, "draft": 0.02}}}))
+    assert ps.load_curve(bench).verify == {1: 0.05, 2: 0.08}
+    cache = tmp_path / "calibration.json"
+    cache.write_text(json.dumps({"format": 2, "entries": {
+        "a": {"verify": {"1": 0.1}, "draft": 0.0, "when": 1, "used": 1},
+        "b": {"verify": {"1": 0.2}, "draft": 0.0, "when": 1, "used": 5}}}))
+    assert ps.load_curve(cache).verify == {1: 0.2}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"verify": {"0": 1.0}}))
+    with pytest.raises(ValueError):
+        ps.load_curve(bad)
+    flat = ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json")
+    assert flat.verify[64] == pytest.approx(1.1 * flat.verify[1], rel=1e-3)
+
+
+def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
+    """Fixed draft length (no timing-dependent decision): the replay's cycle counts equal the real loop's."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+    from edgespec.speculate import speculate
+    from edgespec.speculators import make_speculator
+    from edgespec.stats import GenerationStats
+
+    prompt = [ord(c) for c in "abc d ab"]
+    n = 48
+    sampling = SamplingParams(temperature=0)
+    with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1)) as target, \
+            Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
+        plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
+        segs = rt.record_segments(draft, prompt, plain, 8)
+        data = {"format": 1, "draft_len": 8, "max_tokens": n, "n_vocab": target.n_vocab, "eog_ids": sorted(target.eog_ids),
+                "prompts": [{"suite": "tiny", "index": 0, "name": "tiny-1", "prompt": prompt, "trace": plain,
+                             "stop": "length" if len(plain) == n else "eos", "segments": segs}]}
+        for kind in ("model", "ngram", "model+ngram"):
+            spec = SpecConfig(draft_max=4, adaptive=False, ngram_n_min=1)
+            draft.reset()
+            target.reset()
+            real = GenerationStats()
+            sp = make_speculator(kind, spec, sampling, CostModel(FLAT, c_draft=0.001), draft)
+            out = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n, speculator=sp, stats=real)
+                   for t in st.tokens]
+            assert out == plain
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, ps.Curve(verify=dict(FLAT), draft=0.001), ps.EngineState(
+                ps.Curve(verify=dict(FLAT), draft=0.001)), spec)
+            assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
+            assert rep.n_drafted > 0
+
+
+def test_committed_traces_file():
+    path = SCRIPTS / "data" / "traces.json.gz"
+    if not path.exists():
+        pytest.skip("no recorded traces yet")
+    assert path.stat().st_size < 2 * 2**20
+    data = ps.load_traces(path)
+    assert data["draft_len"] >= 8 and data["n_vocab"] > 150_000 and data["eog_ids"]
+    for rec in data["prompts"]:
+        for t in range(len(rec["trace"])):
+            toks, conf = rt.continuation(rec["segments"], t, data["draft_len"])
+            assert toks and len(toks) == len(conf) and all(0 < c <= 1 for c in conf)
+    res = ps.predict(data, ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json"), SpecConfig(), [data["prompts"][0]["suite"]])
+    assert res["overall"]["model+ngram"]["speedup"] > 1.0
+
+
+# --------------------------------------------------------------------------------------------- synthetic models
+def test_synthetic_model_from_a_spec(tiny, tmp_path):
+    import synth_model as sm
+
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+    from edgespec.tiny import write_tiny_model
+
+    real = write_tiny_model(tmp_path / "real.gguf", seed=3, d_model=256, n_layers=2, d_ff=512)
+    spec_path = tmp_path / "spec.json.xz"
+    spec = sm.write_spec({"target": str(real)}, spec_path)
+    loaded = sm.load_spec(spec_path)
+    assert loaded["models"]["target"]["tensors"] == spec["models"]["target"]["tensors"]
+    res = sm.make(loaded, "target", tmp_path / "synth.gguf", ftype="Q4_K_M", threads=1)
+    assert not list(tmp_path.glob("synth-*")), "the F16 intermediate must be deleted"
+    assert "Q4_K" in res["types"] or "Q5_0" in res["types"] or "Q8_0" in res["types"]
+    a = {t["name"]: t["shape"] for t in sm.read_model_spec(tmp_path / "synth.gguf")[0]["tensors"]}
+    assert a == {t["name"]: t["shape"] for t in spec["models"]["target"]["tensors"]}
+    with Model(ModelSpec(str(tmp_path / "synth.gguf"), n_ctx=64, n_threads=1)) as m:
+        logits = m.decode([1, 2, 3], 0, (-1,))
+        assert np.isfinite(logits).all() and m.n_vocab == len(spec["tokenizer"]["tokenizer.ggml.tokens"]["value"])
+
+
+def test_committed_pair_spec_has_the_real_shapes():
+    import synth_model as sm
+
+    spec = sm.load_spec(sm.DEFAULT_SPEC)
+    kv = {role: {k: v for k, _, _, v in m["kv"]} for role, m in spec["models"].items()}
+    assert (kv["target"]["qwen2.block_count"], kv["target"]["qwen2.embedding_length"], kv["target"]["qwen2.feed_forward_length"],
+            kv["target"]["qwen2.attention.head_count"], kv["target"]["qwen2.attention.head_count_kv"]) == (28, 1536, 8960, 12, 2)
+    assert (kv["draft"]["qwen2.block_count"], kv["draft"]["qwen2.embedding_length"], kv["draft"]["qwen2.feed_forward_length"],
+            kv["draft"]["qwen2.attention.head_count"], kv["draft"]["qwen2.attention.head_count_kv"]) == (24, 896, 4864, 14, 2)
+    assert len(spec["tokenizer"]["tokenizer.ggml.tokens"]["value"]) == 151936
+    assert sum(spec["models"]["target"]["types"].values()) == len(spec["models"]["target"]["tensors"]) == 339
+
+
+# --------------------------------------------------------------------------------------------- the device script
+@pytest.mark.slow
+def test_gpu_check_quick_runs_end_to_end(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"), "GPU_CHECK_QUICK": "1",
+           "GPU_CHECK_BUDGET": "300", "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    st = {k: v["status"] for k, v in res["steps"].items()}
+    assert st["build"] in ("skipped", "ok", "cached")
+    assert st["synth"] == st["tests"] == st["curve"] == st["predict"] == "ok", (st, r.stderr[-3000:])
+    assert "verify" in res["steps"]["curve"]["result"]
+    assert isinstance(res["steps"]["predict"]["result"], list)
+    assert (tmp_path / "out" / "gpu_check.txt").read_text().startswith("gpu_check:")
+    assert not list((tmp_path / "work" / "models").glob("*-f16.gguf"))
+
+
+def test_gzip_roundtrip_of_the_trace_format(tmp_path):
+    data = synthetic_data(3, n=20, prompts=1)
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump(data, f)
+    assert ps.load_traces(p)["prompts"][0]["trace"] == data["prompts"][0]["trace"]
