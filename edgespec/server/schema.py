@@ -1,0 +1,391 @@
+"""Requests in, edgespec settings out: parse and check an OpenAI-style request body, and shape errors the way
+OpenAI clients read them (`{"error": {"message", "type", "param", "code"}}`).
+
+Every problem with a request is an `APIError` with an HTTP status and one line that names the parameter. Nothing
+a client sends is ignored when it would change the answer: features edgespec does not have (tools, n > 1,
+logprobs, JSON output, grammars...) are refused with a 400 that says so. Unknown keys are ignored, as llama-server
+and most OpenAI-compatible servers do, so that clients sending newer optional fields keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..config import MAX_SEED, SamplingParams
+from ..errors import ConfigError
+
+MAX_STOPS = 32
+MAX_TOKENS_LIMIT = 1 << 20
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+# --------------------------------------------------------------------------------------------- errors
+class APIError(Exception):
+    """An HTTP error with an OpenAI-shaped body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or default_type(status)
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, param=self.param, code=self.code, **self.extra)
+
+
+def default_type(status: int) -> str:
+    return {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        415: "invalid_request_error",
+        429: "rate_limit_error",
+        501: "not_supported_error",
+        503: "unavailable_error",
+    }.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def error_body(message: str, type: str, *, param: str | None = None, code: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code, **extra}}
+
+
+def bad(param: str | None, message: str, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code or ("invalid_value" if param else None))
+
+
+def unsupported(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+# --------------------------------------------------------------------------------------------- JSON body
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object (400 for anything else: bad UTF-8, bad JSON, NaN, deep nesting, a list)."""
+    if not raw.strip():
+        raise bad(None, "the request body is empty; send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(None, f"the request body is not valid UTF-8 (byte {e.start})") from None
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(text, parse_constant=no_constants)
+    except RecursionError:
+        raise bad(None, "the request body is nested too deeply") from None
+    except ValueError as e:  # json.JSONDecodeError is a ValueError
+        raise bad(None, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad(None, f"the request body must be a JSON object, got a JSON {_json_type(body)}")
+    return body
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+# --------------------------------------------------------------------------------------------- typed getters
+_MISSING = object()
+
+
+def _get(body: Mapping[str, Any], name: str) -> Any:
+    v = body.get(name, _MISSING)
+    return _MISSING if v is None else v  # JSON null = not given, as OpenAI treats it
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+        raise bad(name, f"{name} must be a number, got {_json_type(v)} {json.dumps(v)[:40]}")
+    v = float(v)
+    if (v < lo or (lo_open and v == lo)) or (v > hi or (hi_open and v == hi)):
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {v:g}")
+    return v
+
+
+def _integer(body: Mapping[str, Any], name: str, default: Any, lo: int, hi: int) -> Any:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # 5.0 from a JavaScript client is 5
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise bad(name, f"{name} must be an integer, got {_json_type(v)} {json.dumps(v)[:40]}")
+    if not lo <= v <= hi:
+        raise bad(name, f"{name} must be in [{lo}, {hi}], got {v}")
+    return int(v)
+
+
+def _boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    v = _get(body, name)
+    if v is _MISSING:
+        return default
+    if not isinstance(v, bool):
+        raise bad(name, f"{name} must be true or false, got {_json_type(v)}")
+    return v
+
+
+def _string(v: Any, name: str) -> str:
+    if not isinstance(v, str):
+        raise bad(name, f"{name} must be a string, got {_json_type(v)}")
+    return v
+
+
+# --------------------------------------------------------------------------------------------- the request
+@dataclass
+class CompletionRequest:
+    """A parsed /v1/chat/completions or /v1/completions request."""
+
+    kind: str  # "chat" or "completion"
+    messages: list[dict[str, str]] | None
+    prompt: str | None
+    prompt_tokens: list[int] | None
+    sampling: SamplingParams
+    max_tokens: int | None  # None: until the context is full
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    speculative: bool
+    draft_max: int | None
+    show_draft: bool
+    model: str | None
+
+
+def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
+    _refuse_unsupported(body)
+    messages = _messages(_get(body, "messages"))
+    return _common(body, "chat", messages=messages)
+
+
+def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
+    _refuse_unsupported(body)
+    prompt, tokens = _prompt(_get(body, "prompt"))
+    return _common(body, "completion", prompt=prompt, tokens=tokens)
+
+
+def _messages(v: Any) -> list[dict[str, str]]:
+    if v is _MISSING:
+        raise bad("messages", "messages is required: a list of {\"role\", \"content\"} objects", code="missing_required_parameter")
+    if not isinstance(v, list):
+        raise bad("messages", f"messages must be an array, got {_json_type(v)}")
+    if not v:
+        raise bad("messages", "messages must not be empty")
+    out = []
+    for i, m in enumerate(v):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, f"{where} must be an object with role and content, got {_json_type(m)}")
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise unsupported(where, f"{where}: tool and function calls are not supported by this server")
+        if not isinstance(role, str) or role not in ROLES:
+            raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant; got {json.dumps(role)[:40]}")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        out.append({"role": ROLES[role], "content": _content(content, f"{where}.content")})
+    return out
+
+
+def _content(v: Any, where: str) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        texts = []
+        for j, part in enumerate(v):
+            pw = f"{where}[{j}]"
+            if not isinstance(part, dict):
+                raise bad(pw, f"{pw} must be an object like {{\"type\": \"text\", \"text\": \"...\"}}")
+            kind = part.get("type")
+            if kind != "text":
+                raise unsupported(pw, f"{pw}: content parts of type {json.dumps(kind)[:40]} are not supported (text only)")
+            texts.append(_string(part.get("text"), f"{pw}.text"))
+        return "\n".join(texts)
+    if v is None:
+        raise bad(where, f"{where} is required")
+    raise bad(where, f"{where} must be a string or an array of text parts, got {_json_type(v)}")
+
+
+def _prompt(v: Any) -> tuple[str | None, list[int] | None]:
+    if v is _MISSING:
+        raise bad("prompt", "prompt is required", code="missing_required_parameter")
+    if isinstance(v, str):
+        return v, None
+    if isinstance(v, list):
+        if len(v) == 1 and isinstance(v[0], (str, list)):
+            return _prompt(v[0])  # a batch of one
+        if v and all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            return None, list(v)
+        if not v:
+            raise bad("prompt", "prompt must not be empty")
+        if all(isinstance(p, (str, list)) for p in v):
+            raise unsupported("prompt", "several prompts in one request are not supported; send one request per prompt")
+    raise bad("prompt", f"prompt must be a string or an array of token ids, got {_json_type(v)}")
+
+
+def _is_int(v: Any, n: int) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == n
+
+
+# Features a client may ask for that this server does not have: a 400 rather than a silently different answer.
+# Each entry: (key, test of the value that is still fine, what to say).
+_UNSUPPORTED: list[tuple[str, Any, str]] = [
+    ("n", lambda v: _is_int(v, 1), "n > 1 (several choices per request) is not supported; send several requests"),
+    ("best_of", lambda v: _is_int(v, 1), "best_of > 1 is not supported"),
+    ("tools", lambda v: v == [], "tools (function calling) are not supported by this server"),
+    ("functions", lambda v: v == [], "functions (function calling) are not supported by this server"),
+    ("tool_choice", lambda v: v in ("none", "auto"), "tool_choice is not supported by this server (no tools)"),
+    ("function_call", lambda v: v in ("none", "auto"), "function_call is not supported by this server (no tools)"),
+    ("top_logprobs", lambda v: _is_int(v, 0), "top_logprobs is not supported"),
+    ("logit_bias", lambda v: v == {}, "logit_bias is not supported"),
+    ("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
+     "response_format other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported"),
+    ("prediction", lambda v: False, "prediction (predicted outputs) is not supported"),
+    ("audio", lambda v: False, "audio output is not supported"),
+    ("modalities", lambda v: v == ["text"], "only the text modality is supported"),
+    ("web_search_options", lambda v: False, "web search is not supported"),
+    ("reasoning_effort", lambda v: False, "reasoning_effort is not supported (not a reasoning model server)"),
+    ("echo", lambda v: v is False, "echo is not supported"),
+    ("suffix", lambda v: v == "", "suffix (insertion) is not supported"),
+    # llama.cpp extras this engine does not have
+    ("grammar", lambda v: v == "", "grammar is not supported"),
+    ("json_schema", lambda v: v == {}, "json_schema is not supported"),
+    ("n_probs", lambda v: _is_int(v, 0), "n_probs is not supported"),
+    ("ignore_eos", lambda v: v is False, "ignore_eos is not supported"),
+    ("mirostat", lambda v: _is_int(v, 0), "mirostat sampling is not supported"),
+    ("typical_p", lambda v: v == 1, "typical_p is not supported"),
+    ("tfs_z", lambda v: v == 1, "tfs_z is not supported"),
+    ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
+    ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
+    ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
+    ("top_n_sigma", lambda v: v in (-1, 0), "top_n_sigma is not supported"),
+    ("samplers", lambda v: False, "a custom sampler chain is not supported"),
+    ("lora", lambda v: v == [], "LoRA adapters are not supported"),
+]
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    for key, fine, message in _UNSUPPORTED:
+        v = _get(body, key)
+        if v is _MISSING:
+            continue
+        try:
+            ok = bool(fine(v))
+        except Exception:  # noqa: BLE001 - a value of a strange type is simply not fine
+            ok = False
+        if not ok:
+            raise unsupported(key, message)
+    lp = _get(body, "logprobs")
+    if lp is not _MISSING and lp is not False:
+        raise unsupported("logprobs", "logprobs are not supported")
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    v = _get(body, "stop")
+    if v is _MISSING:
+        return ()
+    if isinstance(v, str):
+        return (v,) if v else ()
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("stop", "stop must be a string or an array of strings")
+    if len(v) > MAX_STOPS:
+        raise bad("stop", f"stop has {len(v)} strings; at most {MAX_STOPS}")
+    return tuple(s for s in v if s)
+
+
+def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt: Any = None, tokens: Any = None) -> CompletionRequest:
+    model = _get(body, "model")
+    if model is not _MISSING:
+        _string(model, "model")
+    stream = _boolean(body, "stream", False)
+    include_usage = False
+    so = _get(body, "stream_options")
+    if so is not _MISSING:
+        if not isinstance(so, dict):
+            raise bad("stream_options", "stream_options must be an object")
+        include_usage = _boolean(so, "include_usage", False)
+    mct = _integer(body, "max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
+    mt = _integer(body, "max_tokens", None, 1, MAX_TOKENS_LIMIT)
+    n_predict = _integer(body, "n_predict", None, -1, MAX_TOKENS_LIMIT)  # llama.cpp's name; -1 = no limit
+    max_tokens = mct if mct is not None else mt if mt is not None else (n_predict if n_predict not in (None, -1, 0) else None)
+    if n_predict == 0 and mct is None and mt is None:
+        raise bad("n_predict", "n_predict must be -1 or at least 1")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:  # only the most likely token survives: greedy
+        temperature, top_p = 0.0, 1.0
+    seed = _integer(body, "seed", None, -1, MAX_SEED)
+    repeat_last_n = _integer(body, "repeat_last_n", 64, -1, MAX_TOKENS_LIMIT)
+    try:
+        sampling = SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=max(0, _integer(body, "top_k", 0, -1, 1 << 30)),
+            min_p=_number(body, "min_p", 0.0, 0.0, 1.0, hi_open=True),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 1e6, lo_open=True),
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            repeat_last_n=MAX_TOKENS_LIMIT if repeat_last_n == -1 else repeat_last_n,
+            seed=None if seed in (None, -1) else seed,
+        )
+    except ConfigError as e:  # the ranges above are narrower; this is a guard
+        raise bad(None, str(e)) from None
+    speculative = _boolean(body, "speculative", True)
+    draft_max = _integer(body, "draft_max", None, 0, 64)
+    n_max = _integer(body, "speculative.n_max", None, 0, 64)  # llama-server's spelling
+    if draft_max is None:
+        draft_max = n_max
+    if draft_max == 0:
+        speculative = False
+    return CompletionRequest(
+        kind=kind,
+        messages=messages,
+        prompt=prompt,
+        prompt_tokens=tokens,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage and stream,
+        speculative=speculative,
+        draft_max=draft_max,
+        show_draft=_boolean(body, "show_draft", False),
+        model=None if model is _MISSING else model,
+    )
+
+
+__all__ = ["APIError", "CompletionRequest", "error_body", "parse_json", "parse_chat", "parse_completion", "bad", "unsupported"]
