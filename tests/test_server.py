@@ -491,6 +491,27 @@ def test_a_queued_request_whose_client_left_never_starts(srv, engine):
     assert metric(srv, 'edgespec_requests_cancelled_total{stage="queued"}') == before + 1
 
 
+def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, reference):
+    prompt = "long prompt " + "abcdefgh " * 1500  # ~13.5k tokens: ~27 prefill chunks of 512
+    n_prompt = len(engine.prompt_tokens(messages=chat(prompt)))
+    body = {"messages": chat(prompt), "temperature": 0, "max_tokens": 10, "stream": True}
+    engine.reset_caches()
+    with engine_busy(engine) as release:
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=30) as r:
+            events = sse_events(r.iter_lines())  # (dropping the iterator would close the connection)
+            role = next(events)
+            assert engine.target.n_past == 0
+            release.set()
+            wait_for(lambda: 2 * engine.target.n_batch <= engine.target.n_past < n_prompt // 2, what="the prefill to be under way")
+        # the connection closes while the prompt is processed
+    rec = record(srv, role["id"])
+    assert rec.client_left and rec.started and rec.finish_reason == "cancelled" and rec.n_generated == 0
+    assert engine.target.n_past < n_prompt - 1  # stopped between chunks, not after the whole prompt
+    want = reference.generate(messages=chat("after a cut prefill"), sampling=GREEDY, max_tokens=30).text
+    got = srv.client().chat.completions.create(model="m", messages=chat("after a cut prefill"), temperature=0, max_tokens=30)
+    assert got.choices[0].message.content == want
+
+
 def test_a_non_streaming_client_timeout_cancels(srv, engine, reference):
     c = srv.client(timeout=1.0)
     n_records = len(srv.state.records)
@@ -738,7 +759,11 @@ def test_host_header_must_name_this_machine(srv):
 # --------------------------------------------------------------------------------------------- the real pair
 @pytest.mark.real
 @pytest.mark.slow
-def test_real_pair_through_the_server(real_pair):
+def test_real_pair_through_the_server(real_pair, monkeypatch):
+    import edgespec.engine
+
+    # no cost measurements (fixed K needs none; they take minutes on a busy CPU): this test is about the HTTP layer
+    monkeypatch.setattr(edgespec.engine, "RECALIBRATE_EVERY", float("inf"))
     target, draft = real_pair
     spec = SpecConfig(draft_max=4, adaptive=False)
     with Engine.load(ModelSpec(str(target), n_ctx=1024), ModelSpec(str(draft), n_ctx=1024), spec=spec, calibrate_costs=False) as eng:

@@ -13,6 +13,10 @@ Each request holds its own `Generation` handle. A task watches the ASGI receive 
 generation stops within one speculative cycle (or one prefill chunk), a queued one never starts. Writing to a
 client that has left is never relied on to notice it.
 
+To serve on a socket of your own (uvicorn's `Server.run(sockets=[...])`), create it with `proto=IPPROTO_TCP`: asyncio
+turns TCP_NODELAY on for accepted connections only then, and without it each small SSE write can wait up to 40 ms
+for the client's delayed ACK (`edgespec serve` does this).
+
 Every answer carries the generation's statistics: `usage` (with `prompt_tokens_details.cached_tokens`, the
 prompt tokens served from the KV cache), `timings` with llama-server's field names, and `edgespec` (μ, acceptance,
 acceptance by draft position, drafting sources, the time split).
@@ -363,7 +367,7 @@ class GenerationResponse:
 
     # -- streaming
     def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.req.kind == "chat" else "text_completion",
             "created": self.created,

@@ -145,9 +145,10 @@ def _integer(body: Mapping[str, Any], name: str, default: Any, lo: int, hi: int)
         v = int(v)  # 5.0 from a JavaScript client is 5
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise bad(name, f"{name} must be an integer, got {_json_type(v)} {json.dumps(v)[:40]}")
-    if not lo <= v <= hi:
-        raise bad(name, f"{name} must be in [{lo}, {hi}], got {v}")
-    return int(v)
+    n = int(v)
+    if not lo <= n <= hi:
+        raise bad(name, f"{name} must be in [{lo}, {hi}], got {n}")
+    return n
 
 
 def _boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
