@@ -266,11 +266,13 @@ class Engine:
         stop: str | Sequence[str] | None = (),
         speculative: bool = True,
         drafter: str | None = None,
+        spec: SpecConfig | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
     ) -> Generation:
         """Queue a generation and return its handle at once (see Generation). Exactly one of prompt, messages or
         tokens. speculative=False decodes plainly; drafter picks another drafter kind for this request (one this
-        engine can run). on_prefill(done, total) is called from the engine's thread after each prefill chunk."""
+        engine can run) and spec other speculation settings (e.g. a lower draft_max). on_prefill(done, total) is
+        called from the engine's thread after each prefill chunk."""
         self._live()
         if sum(x is not None for x in (prompt, messages, tokens)) != 1:
             raise ConfigError("give exactly one of prompt, messages or tokens")
@@ -282,6 +284,10 @@ class Engine:
         if not isinstance(speculative, bool):
             raise ConfigError("speculative must be True or False")
         kind = self._check_drafter(drafter) if speculative else "none"
+        if spec is not None and not isinstance(spec, SpecConfig):
+            raise ConfigError("spec must be a SpecConfig")
+        if spec is not None and kind in TREE_KINDS and spec.tree_nodes > self.target.tree_paths:
+            raise ConfigError(f"tree_nodes {spec.tree_nodes} exceeds what this engine was loaded for ({self.target.tree_paths})")
         if on_prefill is not None and not callable(on_prefill):
             raise ConfigError("on_prefill must be callable")
         if tokens is not None:
@@ -297,7 +303,7 @@ class Engine:
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        job = Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, kind, on_prefill, stats, ids, texts))
+        job = Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, kind, spec or self.spec, on_prefill, stats, ids, texts))
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
 
@@ -384,6 +390,7 @@ class Engine:
         max_tokens: int,
         stops: tuple[str, ...],
         kind: str,
+        spec: SpecConfig,
         on_prefill: Callable[[int, int], None] | None,
         stats: GenerationStats,
         ids: list[int],
@@ -395,7 +402,7 @@ class Engine:
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)
-        speculator = make_speculator(kind, self.spec, sampling, cost, self.draft, self.memory)
+        speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(

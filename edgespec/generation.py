@@ -222,7 +222,21 @@ class Generation:
 
     @property
     def finish_reason(self) -> str:
+        if not self.stats.stop_reason and self._job.done.is_set() and not self._job.started:
+            return "cancelled"  # cancelled while it waited: it never started
         return self.stats.stop_reason
+
+    @property
+    def started(self) -> bool:
+        """True once the engine began working on it (a generation cancelled while queued never starts)."""
+        return self._job.started
+
+    def ready(self) -> list[Chunk]:
+        """The chunks available now, without waiting (for callers that batch what they forward)."""
+        with self._job.lock:
+            out = list(self._job.items)
+            self._job.items.clear()
+        return out
 
     # -- iteration
     def __iter__(self) -> "Generation":

@@ -411,3 +411,23 @@ def test_close_from_another_thread_while_iterating(eng, reference):
     assert not closer.is_alive() and gen.done and gen.finish_reason in ("cancelled", "length")
     assert len(rest) < 300
     assert eng.generate("abc d", sampling=GREEDY, max_tokens=24).token_ids == reference["abc d"]
+
+
+def test_per_request_settings_and_a_queued_cancel_reads_cancelled(tiny, reference):
+    e = make_engine(tiny)
+    try:
+        r = e.generate("abc d", sampling=GREEDY, max_tokens=24, spec=SpecConfig(draft_max=2, adaptive=False))
+        assert r.token_ids == reference["abc d"] and max(r.stats.drafted_by_pos and [len(r.stats.drafted_by_pos)]) <= 2
+        blocker, started = threading.Event(), threading.Event()
+        e.submit(lambda _: (started.set(), blocker.wait(10)))
+        started.wait(10)
+        queued = e.stream("abc", sampling=GREEDY, max_tokens=5)
+        queued.cancel()
+        assert queued.ready() == [] and not queued.started
+        blocker.set()
+        queued.wait(10)
+        assert queued.finish_reason == "cancelled" and not queued.started
+        with pytest.raises(ConfigError, match="SpecConfig"):
+            e.stream("abc", spec={"draft_max": 2})
+    finally:
+        e.close()
