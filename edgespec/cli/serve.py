@@ -109,6 +109,6 @@ def serve(**kw: Any) -> None:
 
 
 def _loopback(host: str) -> bool:
-    from ..server.app import _is_loopback
+    from ..server.guards import _is_loopback
 
     return _is_loopback(host)

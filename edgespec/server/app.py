@@ -24,11 +24,8 @@ acceptance by draft position, drafting sources, the time split).
 
 from __future__ import annotations
 
-import hmac
 import inspect
-import ipaddress
 import logging
-import secrets
 import threading
 import time
 from collections import deque
@@ -43,23 +40,20 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__
-from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
-from . import schema, sse
+from ..errors import ConfigError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from . import schema
+from .guards import BearerAuth, CountResponses, HostCheck
 from .metrics import Metrics
+from .responses import JSON, GenerationResponse, edgespec_stats, error_response, timings, usage
 from .schema import APIError, CompletionRequest
 
 log = logging.getLogger("edgespec.server")
 
 # Origins a browser page may call from without --cors-origin: pages served from this machine.
 LOCAL_ORIGIN = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$"
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
-ROUTES = ("/health", "/v1/models", "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/metrics")
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
 
 # --------------------------------------------------------------------------------------------- settings, state
@@ -204,297 +198,6 @@ def _state(request: Request) -> ServerState:
     return request.app.state.edgespec
 
 
-# --------------------------------------------------------------------------------------------- statistics
-def usage(stats: Any) -> dict[str, Any]:
-    return {
-        "prompt_tokens": stats.n_prompt,
-        "completion_tokens": stats.n_generated,
-        "total_tokens": stats.n_prompt + stats.n_generated,
-        "prompt_tokens_details": {"cached_tokens": stats.n_cached},
-    }
-
-
-def timings(stats: Any) -> dict[str, Any]:
-    """llama-server's per-request `timings` (its field names; other servers and tools read them)."""
-    prompt_n = stats.n_prefill
-    prompt_ms = stats.timings.prefill * 1000
-    predicted_n = stats.n_generated
-    predicted_ms = stats.decode_seconds * 1000 if predicted_n else 0.0
-    return {
-        "cache_n": stats.n_cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": round(prompt_ms, 3),
-        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
-        "prompt_per_second": round(prompt_n * 1000 / prompt_ms, 3) if prompt_ms > 0 else 0.0,
-        "predicted_n": predicted_n,
-        "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_token_ms": round(predicted_ms / predicted_n, 3) if predicted_n else 0.0,
-        "predicted_per_second": round(predicted_n * 1000 / predicted_ms, 3) if predicted_ms > 0 else 0.0,
-        "draft_n": stats.n_drafted,
-        "draft_n_accepted": stats.n_accepted,
-    }
-
-
-def edgespec_stats(stats: Any, req: CompletionRequest, drafter: str) -> dict[str, Any]:
-    """The speculation statistics: μ, acceptance (overall, by draft position, by source), cycles, the time split."""
-    d = stats.as_dict()
-    for k in ("costs", "controller", "stop_reason"):
-        d.pop(k, None)
-    d["drafter"] = drafter if req.speculative else "none"
-    return d
-
-
-# --------------------------------------------------------------------------------------------- the generation response
-class GenerationResponse:
-    """An ASGI response that writes one generation (JSON or SSE) while watching for the client leaving."""
-
-    def __init__(self, state: ServerState, req: CompletionRequest, gen: Any, record: RequestRecord) -> None:
-        self.state = state
-        self.req = req
-        self.gen = gen
-        self.record = record
-        self.client_left = False
-        self.created = int(time.time())
-        self.id = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
-        self.model = state.model_id
-        self.drafter = state.engine.drafter_kind
-        self.spans: list[list[int]] = []  # [start, end) character ranges of text from accepted drafts
-        self._chars = 0
-
-    # -- the client leaving
-    def _left(self) -> None:
-        if self.client_left or self.gen.done:
-            return
-        self.client_left = True
-        self.gen.cancel()
-        self.record.client_left = True
-        self.record.tokens_at_cancel = len(self.gen.token_ids)
-
-    async def _watch(self, receive: Receive) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self._left()
-                return
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.state.metrics.in_flight += 1
-        self.state.live.add(self)
-        if self.state.closing:
-            self.gen.cancel()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch, receive)
-                try:
-                    if self.req.stream:
-                        await self._stream(send)
-                    else:
-                        await self._complete(send)
-                except OSError:  # a write to a client that has gone (servers that raise instead of ignoring it)
-                    self._left()
-                    await self._drain()
-                finally:
-                    tg.cancel_scope.cancel()
-        finally:
-            if not self.gen.done:
-                self.gen.cancel()  # this task was cancelled (server shutting down): the job stops too
-            self._finish()
-
-    async def _drain(self) -> None:
-        async for _ in self.gen:
-            pass
-
-    def _error(self) -> BaseException | None:
-        try:
-            self.gen.result(timeout=0)
-        except TimeoutError:
-            return None
-        except BaseException as e:  # noqa: BLE001 - the generation's own error, reported to the client
-            return e
-        return None
-
-    def _track(self, chunk: Any) -> None:
-        n = len(chunk.text)
-        if self.req.show_draft and chunk.from_draft and n:
-            if self.spans and self.spans[-1][1] == self._chars:
-                self.spans[-1][1] += n
-            else:
-                self.spans.append([self._chars, self._chars + n])
-        self._chars += n
-
-    def _stats_fields(self) -> dict[str, Any]:
-        stats = self.gen.stats
-        out = {"timings": timings(stats), "edgespec": edgespec_stats(stats, self.req, self.drafter)}
-        if self.req.show_draft:
-            out["edgespec"]["draft_spans"] = self.spans
-        return out
-
-    # -- non-streaming
-    async def _complete(self, send: Send) -> None:
-        async for chunk in self.gen:
-            self._track(chunk)
-        if self.client_left:
-            return
-        err = self._error()
-        if err is not None:
-            api = _api_error(err)
-            await _send_json(send, api.status, api.body(), api.headers)
-            return
-        reason = FINISH.get(self.gen.finish_reason)
-        if reason is None:  # cancelled by the server (shutting down), not by this client
-            api = APIError(503, "the generation was cancelled: the server is shutting down", code="shutting_down")
-            await _send_json(send, api.status, api.body())
-            return
-        stats = self.gen.stats
-        text = self.gen.text
-        if self.req.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-            obj = "text_completion"
-        body = {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": f"edgespec-{__version__}",
-            "choices": [choice],
-            "usage": usage(stats),
-            **self._stats_fields(),
-        }
-        await _send_json(send, 200, body)
-
-    # -- streaming
-    def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "object": "chat.completion.chunk" if self.req.kind == "chat" else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": f"edgespec-{__version__}",
-            "choices": [choice] if choice else [],
-        }
-        if self.req.include_usage:
-            out["usage"] = None
-        out.update(extra)
-        return out
-
-    def _delta_choice(self, text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
-        if self.req.kind == "chat":
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-    def _text_template(self) -> tuple[bytes, bytes]:
-        """The bytes around the text of a content chunk, built once (the JSON of a chunk minus its text)."""
-        marker = "\ue000edgespec\ue000"
-        frame = sse.event(self._chunk(self._delta_choice(marker, None)))
-        head, tail = frame.split(sse.dumps(marker))
-        return head, tail
-
-    async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
-
-        async def body(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
-        if self.req.kind == "chat":
-            await body(sse.event(self._chunk(self._delta_choice("", None, role=True))))
-        head, tail = self._text_template()
-        async for chunk in self.gen:
-            self._track(chunk)
-            if self.client_left or not chunk.text:
-                continue
-            if self.req.show_draft:
-                choice = self._delta_choice(chunk.text, None)
-                choice["from_draft"] = chunk.from_draft
-                await body(sse.event(self._chunk(choice)))
-            else:
-                await body(head + sse.dumps(chunk.text) + tail)
-        if self.client_left:
-            return
-        err = self._error()
-        reason = FINISH.get(self.gen.finish_reason)
-        if err is None and reason is None:
-            err = APIError(503, "the generation was cancelled: the server is shutting down", code="shutting_down")
-        if err is not None:
-            await body(sse.event(_api_error(err).body()))
-        else:
-            stats = self.gen.stats
-            extra = self._stats_fields()
-            if not self.req.include_usage:
-                extra["usage"] = usage(stats)
-            await body(sse.event(self._chunk(self._delta_choice(None if self.req.kind == "chat" else "", reason), **extra)))
-            if self.req.include_usage:
-                await body(sse.event(self._chunk({}, usage=usage(stats))))
-            await body(sse.DONE)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    # -- bookkeeping
-    def _finish(self) -> None:
-        self.state.live.discard(self)
-        m = self.state.metrics
-        m.in_flight -= 1
-        rec = self.record
-        stats = self.gen.stats
-        err = self._error() if self.gen.done else None
-        rec.done = self.gen.done
-        rec.n_generated = len(self.gen.token_ids)
-        rec.started = bool(stats.stop_reason) or err is not None
-        rec.finish_reason = "error" if err is not None else (stats.stop_reason or "cancelled")
-        if err is not None:
-            rec.error = str(err)
-        if rec.client_left:
-            m.cancelled["running" if rec.started else "queued"] += 1
-            rec.overrun = max(0, rec.n_generated - (rec.tokens_at_cancel or 0))
-            m.cancel_overrun_max = max(m.cancel_overrun_max, rec.overrun)
-        finish = "error" if err is not None else FINISH.get(stats.stop_reason, "cancelled")
-        m.record_generation(stats, finish)
-        self.state.records.append(rec)
-        while len(self.state.records) > self.state.settings.history:
-            self.state.records.popleft()
-
-
-async def _send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
-    data = sse.dumps(body)
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    hdrs += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-def _api_error(e: BaseException) -> APIError:
-    """An exception from the engine as the HTTP error a client should see."""
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, ContextFullError):
-        return APIError(400, str(e), code="context_length_exceeded")
-    if isinstance(e, (ConfigError, TemplateError)):
-        return APIError(400, str(e))
-    if isinstance(e, QueueFullError):
-        return APIError(503, f"the server is busy: {e}", code="queue_full")
-    if isinstance(e, EngineClosedError):
-        return APIError(503, "the server is shutting down", code="shutting_down")
-    if isinstance(e, EdgespecError):
-        return APIError(500, str(e), code="engine_error")
-    log.error("generation failed", exc_info=e)
-    return APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
-
-
-class JSON(JSONResponse):
-    def render(self, content: Any) -> bytes:
-        return sse.dumps(content)
-
-
-def error_response(e: APIError) -> Response:
-    return JSON(e.body(), status_code=e.status, headers=e.headers)
-
-
 # --------------------------------------------------------------------------------------------- endpoints
 async def health(request: Request) -> Response:
     try:
@@ -625,90 +328,6 @@ async def chat_completions(request: Request) -> Any:
 
 async def completions(request: Request) -> Any:
     return await _generate(request, schema.parse_completion, "completion")
-
-
-# --------------------------------------------------------------------------------------------- middleware (pure ASGI)
-class HostCheck:
-    """On a loopback address, refuse requests whose Host header names another host (DNS rebinding)."""
-
-    def __init__(self, app: ASGIApp, host: str) -> None:
-        self.app = app
-        self.active = _is_loopback(host)
-        self.allowed = LOOPBACK_NAMES | {host.lower()}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.active and scope["type"] == "http":
-            host = _header(scope, b"host")
-            name = _host_name(host) if host is not None else None
-            if name is not None and name not in self.allowed:
-                e = APIError(400, f"Host {host!r} is not this server's name (it listens on a loopback address)", code="invalid_host")
-                await error_response(e)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class BearerAuth:
-    """`Authorization: Bearer <key>` on every route but /health (and CORS preflights)."""
-
-    def __init__(self, app: ASGIApp, key: str | None) -> None:
-        self.app = app
-        self.key = key.encode() if key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
-            auth = _header(scope, b"authorization") or ""
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
-                e = APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", code="invalid_api_key",
-                             headers={"WWW-Authenticate": "Bearer"})
-                await error_response(e)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class CountResponses:
-    """HTTP responses by route and status for /metrics (unknown paths are one label)."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.metrics.http[(route, int(message["status"]))] += 1
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", []):
-        if k == name:
-            return v.decode("latin-1")
-    return None
-
-
-def _host_name(host: str) -> str:
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _is_loopback(host: str) -> bool:
-    h = host.strip("[]").lower()
-    if h == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:
-        return False
 
 
 # --------------------------------------------------------------------------------------------- the app

@@ -1,0 +1,102 @@
+"""Request guards for the server (pure ASGI middleware): the Host check against DNS rebinding on loopback, the
+Bearer API key, and the response counter for /metrics."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .metrics import Metrics
+from .responses import error_response
+from .schema import APIError
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+ROUTES = ("/health", "/v1/models", "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/metrics")
+
+
+class HostCheck:
+    """On a loopback address, refuse requests whose Host header names another host (DNS rebinding)."""
+
+    def __init__(self, app: ASGIApp, host: str) -> None:
+        self.app = app
+        self.active = _is_loopback(host)
+        self.allowed = LOOPBACK_NAMES | {host.lower()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.active and scope["type"] == "http":
+            host = _header(scope, b"host")
+            name = _host_name(host) if host is not None else None
+            if name is not None and name not in self.allowed:
+                e = APIError(400, f"Host {host!r} is not this server's name (it listens on a loopback address)", code="invalid_host")
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class BearerAuth:
+    """`Authorization: Bearer <key>` on every route but /health (and CORS preflights)."""
+
+    def __init__(self, app: ASGIApp, key: str | None) -> None:
+        self.app = app
+        self.key = key.encode() if key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
+            auth = _header(scope, b"authorization") or ""
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+                e = APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", code="invalid_api_key",
+                             headers={"WWW-Authenticate": "Bearer"})
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class CountResponses:
+    """HTTP responses by route and status for /metrics (unknown paths are one label)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http[(route, int(message["status"]))] += 1
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+def _host_name(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_loopback(host: str) -> bool:
+    h = host.strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+
+__all__ = ["HostCheck", "BearerAuth", "CountResponses", "LOOPBACK_NAMES"]
