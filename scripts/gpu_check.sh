@@ -20,7 +20,8 @@
 #              not slow) with every model fully offloaded (a pytest plugin forces n_gpu_layers=-1): exactness on the
 #              CUDA kernels.
 #   4 curve    scripts/predict_speedup.py measure: the synthetic target's verify curve (1..64 tokens), the synthetic
-#              draft's per-token cost and small-batch curve, full offload.
+#              draft's per-token cost and small-batch curve, and both again at context depths 256 and 640
+#              (depth_scale), full offload.
 #   5 predict  scripts/predict_speedup.py on that curve (and the flat example), recorded CPU traces of the real pair.
 #
 # Environment: OUT (results folder; default build/gpu-check-out), GPU_CHECK_WORK (default build/gpu-check),
@@ -80,7 +81,7 @@ fi
   if [ "$HAVE_GPU" = 1 ]; then
     echo "gpu: $(nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader | head -1)"
   else
-    echo "gpu: none (nvidia-smi -L: $(nvidia-smi -L 2>&1 | head -1))"
+    echo "gpu: none ($(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>&1 | head -1 || echo 'no nvidia-smi'))"
   fi
   echo "quick: $QUICK; budget: ${BUDGET}s"
 } > "$WORK/machine.txt" 2>&1
@@ -246,10 +247,13 @@ def _offloaded(self, spec, *args, **kwargs):
 B.Model.__init__ = _offloaded
 
 
-def pytest_report_header(config):
+def pytest_configure(config):
+    import sys
+
     import llama_cpp as C
 
-    return f"gpu_check: n_gpu_layers forced to -1; llama_supports_gpu_offload = {bool(C.llama_supports_gpu_offload())}"
+    print(f"gpu_check: n_gpu_layers forced to -1; llama_cpp from {C.__file__}; "
+          f"llama_supports_gpu_offload = {bool(C.llama_supports_gpu_offload())}", file=sys.stderr, flush=True)
 EOF
 if [ "$QUICK" = 1 ]; then
   TESTS="${GPU_CHECK_TESTS:-tests/test_backend.py}"
@@ -288,14 +292,16 @@ step tests "$STATUS" $(( $(date +%s) - S3 )) "$WORK/tests.json" "pytest -m 'not 
 S4=$(date +%s)
 if [ "$HAVE_GPU" = 1 ]; then SIZES="${GPU_CHECK_SIZES:-1-64}"; NGL=-1; else SIZES="${GPU_CHECK_SIZES:-1-9,12,16,17}"; NGL=0; fi
 [ "$QUICK" = 1 ] && SIZES="${GPU_CHECK_SIZES:-1-4,8}"
+DEPTHS="${GPU_CHECK_DEPTHS:-256,640}"  # the curve again after that many cached tokens: how costs grow with the context
+[ "$QUICK" = 1 ] && DEPTHS="${GPU_CHECK_DEPTHS:-64}"
 CURVE="$OUTDIR/curve.json"
 if [ -s "$MODELS/target.gguf" ] && [ -s "$MODELS/draft.gguf" ] && [ "$(left)" -gt 20 ]; then
   timeout $(( $(left) - 15 )) "$PY" scripts/predict_speedup.py measure "$MODELS/target.gguf" "$MODELS/draft.gguf" \
-    --n-gpu-layers "$NGL" --sizes "$SIZES" --rounds 3 --out "$CURVE" >>"$LOG" 2>&1 && STATUS=ok || STATUS=failed
+    --n-gpu-layers "$NGL" --sizes "$SIZES" --rounds 3 --depths "$DEPTHS" --out "$CURVE" >>"$LOG" 2>&1 && STATUS=ok || STATUS=failed
 else
   STATUS=skipped
 fi
-step curve "$STATUS" $(( $(date +%s) - S4 )) "$CURVE" "sizes $SIZES, n_gpu_layers $NGL"
+step curve "$STATUS" $(( $(date +%s) - S4 )) "$CURVE" "sizes $SIZES, depths 16,$DEPTHS, n_gpu_layers $NGL"
 
 # ------------------------------------------------------------------------------------------- 5. predict
 S5=$(date +%s)

@@ -71,6 +71,15 @@ class Curve:
     overhead: float = 0.0
     draft_verify: dict[int, float] | None = None
     name: str = ""
+    # how a decode's cost grows with the context it runs at: {"verify": {depth: {n: factor}}, "draft": {depth: factor}},
+    # factors relative to the curve above (measured after a short context); None = the same at every depth
+    depth_scale: dict[str, Any] | None = None
+
+    def verify_factor(self, n: int, depth: int) -> float:
+        return _depth_factor((self.depth_scale or {}).get("verify"), depth, n)
+
+    def draft_factor(self, depth: int) -> float:
+        return _depth_factor((self.depth_scale or {}).get("draft"), depth, None)
 
     def describe(self) -> dict[str, Any]:
         one = self.verify.get(1) or min(self.verify.values())
@@ -82,7 +91,25 @@ class Curve:
             "draft_relative": round(self.draft / one, 4),
             "overhead": self.overhead,
             "draft_verify": None if self.draft_verify is None else {str(n): s for n, s in sorted(self.draft_verify.items())},
+            "depth_scale": self.depth_scale,
         }
+
+
+def _depth_factor(table: Mapping[str, Any] | None, depth: int, n: int | None) -> float:
+    """Linear interpolation over depths (clamped at the ends) of a factor; per batch size n when the table has one
+    per size (interpolated over n, clamped)."""
+    if not table:
+        return 1.0
+    depths = sorted(int(d) for d in table)
+    vals = []
+    for d in depths:
+        v = table[str(d)]
+        if isinstance(v, Mapping):
+            ns = sorted(int(k) for k in v)
+            vals.append(float(np.interp(n or 1, ns, [float(v[str(k)]) for k in ns])))
+        else:
+            vals.append(float(v))
+    return float(np.interp(depth, depths, vals))
 
 
 def _points(raw: Mapping[Any, Any]) -> dict[int, float]:
@@ -115,6 +142,7 @@ def load_curve(path: str | Path) -> Curve:
         overhead=float(data.get("overhead", 0.0)),
         draft_verify=_points(dv) if dv else None,
         name=str(data.get("name") or name),
+        depth_scale=data.get("depth_scale"),
     )
 
 
@@ -156,8 +184,10 @@ class TraceTarget:
     """The target as the loop sees it (speculate.LanguageModel): it answers every row with the recorded greedy
     trace's next token and charges verify(n) per decode of n tokens, overhead per cycle (at truncate)."""
 
-    def __init__(self, full: list[int], n_vocab: int, eog: frozenset[int], verify: Any, overhead: float, clock: Clock) -> None:
+    def __init__(self, full: list[int], n_vocab: int, eog: frozenset[int], verify: Any, overhead: float, clock: Clock,
+                 factor: Any = None) -> None:
         self.full = full
+        self.factor = factor or (lambda n, depth: 1.0)
         self.n_vocab = n_vocab
         self.n_ctx = len(full) + 64
         self.n_decoded = 0
@@ -189,7 +219,7 @@ class TraceTarget:
     def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
         assert start_pos == len(self.cached), (start_pos, len(self.cached))
         n = len(tokens)
-        self.clock.now += self.verify(n)
+        self.clock.now += self.verify(n) * self.factor(n, start_pos + n)
         self.cached += list(tokens)
         self.n_decoded += n
         return self._rows(start_pos, [r % n for r in rows])
@@ -248,7 +278,8 @@ class RecordedDraft:
         return len(self.cached)
 
     def batch_cost(self, n: int) -> float:
-        return self.cost.draft if n <= 1 else self.curve(n) * self._scale
+        base = self.cost.draft if n <= 1 else self.curve(n) * self._scale
+        return base * self.cost.draft_factor(len(self.cached) + n)
 
     def _row(self) -> np.ndarray:
         toks, conf = self._cont
@@ -264,6 +295,7 @@ class RecordedDraft:
         keep = _common_prefix(self.cached, tokens)
         if rows and keep == len(tokens):
             keep -= 1
+        self.cached = tokens[:keep]
         self.clock.now += self.batch_cost(len(tokens) - keep)
         self.cached = tokens
         if not rows:
@@ -332,7 +364,7 @@ def run_one(
     eog = frozenset(meta["eog_ids"])
     truth = VerifyCurve(cost.verify)  # what a decode really costs (the file), apart from what the engine learns
     clock = Clock()
-    target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock)
+    target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock, cost.verify_factor)
     draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
     sampling = SamplingParams(temperature=0)
     speculator = None
@@ -387,7 +419,8 @@ def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
 
 
 def oracle_seconds(
-    n: int, cost: Curve, model_r: Sequence[int] | None, ngram_r: Sequence[int] | None, first_from_prefill: bool = False
+    n: int, cost: Curve, model_r: Sequence[int] | None, ngram_r: Sequence[int] | None, first_from_prefill: bool = False,
+    n_prompt: int = 0,
 ) -> float:
     """The fewest modelled seconds to produce n tokens when every cycle may decode plainly or draft any k up to the
     number of tokens its proposal will get accepted (dynamic programming over positions). first_from_prefill: the
@@ -398,10 +431,10 @@ def oracle_seconds(
     v = VerifyCurve(cost.verify)
     o = cost.overhead
 
-    def decode(t: int, k: int) -> float:
+    def decode(t: int, k: int) -> float:  # the target's decode of a cycle at position t drafting k (context depth counted)
         if t == 0 and first_from_prefill:
-            return v(k) if k else 0.0
-        return v(k + 1)
+            return v(k) * cost.verify_factor(k, n_prompt + k) if k else 0.0
+        return v(k + 1) * cost.verify_factor(k + 1, n_prompt + t + k)
 
     f = [0.0] * (n + 1)
     for t in range(n - 1, -1, -1):
@@ -409,7 +442,7 @@ def oracle_seconds(
         room = n - t - 1  # drafted tokens that still fit (the loop's budget)
         if model_r is not None:
             for k in range(1, min(model_r[t], room) + 1):
-                best = min(best, k * cost.draft + decode(t, k) + o + f[t + k + 1])
+                best = min(best, k * cost.draft * cost.draft_factor(n_prompt + t) + decode(t, k) + o + f[t + k + 1])
         if ngram_r is not None:
             for k in range(1, min(ngram_r[t], room) + 1):
                 best = min(best, decode(t, k) + o + f[t + k + 1])
@@ -419,7 +452,7 @@ def oracle_seconds(
 
 def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS) -> dict[str, Any]:
     """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds."""
-    from edgespec.costs import CostModel
+    from edgespec.costs import CostModel, draft_model_pays
     from edgespec.speculators import model_draft_used
 
     if spec.draft_max > int(data["draft_len"]):
@@ -444,9 +477,10 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
         n = len(rec["trace"])
         mr = model_matches(rec, data, oracle_cap)
         nr = ngram_matches(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
-        s["oracle"]["model"] += oracle_seconds(n, cost, mr, None, first)
-        s["oracle"]["ngram"] += oracle_seconds(n, cost, None, nr, first)
-        s["oracle"]["model+ngram"] += oracle_seconds(n, cost, mr, nr, first)
+        P = len(rec["prompt"])
+        s["oracle"]["model"] += oracle_seconds(n, cost, mr, None, first, P)
+        s["oracle"]["ngram"] += oracle_seconds(n, cost, None, nr, first, P)
+        s["oracle"]["model+ngram"] += oracle_seconds(n, cost, mr, nr, first, P)
 
     def summary(s: dict[str, Any]) -> dict[str, Any]:
         plain: Side = s["plain"]
@@ -481,11 +515,13 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
                 a.sources[src] = a.sources.get(src, 0) + v
         for k, v in s["oracle"].items():
             total["oracle"][k] += v
-    gate = model_draft_used("model", spec, CostModel(cost.verify, c_draft=cost.draft))
+    cm = CostModel(cost.verify, c_draft=cost.draft)
+    gate = draft_model_pays(cm, max(spec.draft_max, 1), spec.draft_min)
     return {
         "curve": cost.describe(),
         "spec": {"draft_max": spec.draft_max, "adaptive": spec.adaptive, "ngram_draft_max": spec.ngram_draft_max},
-        "draft_model_pays": gate,
+        "draft_model_pays": gate,  # the hardware gate on this curve (adaptive mode)
+        "draft_model_used": model_draft_used("model", spec, cm),  # a fixed draft length bypasses the gate
         "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len")},
         "suites": {name: summary(s) for name, s in per_suite.items()},
         "overall": summary(total),
@@ -501,7 +537,10 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
         f"curve {c['name']}: 1 token {1000 * one:.2f} ms; verify x one token {shown}; draft {c['draft_relative']:.2f} x one "
         f"target token; overhead {1000 * c['overhead']:.2f} ms/cycle",
         "draft model " + ("pays here (hardware gate open)" if result["draft_model_pays"]
-                          else "cannot pay here: the engine does not run it (model = plain, model+ngram = ngram)"),
+                          else "cannot pay here (hardware gate closed)")
+        + ("" if result["draft_model_used"] == result["draft_model_pays"] else
+           ("; used anyway: a fixed draft length bypasses the gate" if result["draft_model_used"] else ""))
+        + ("" if result["draft_model_used"] else ": the engine does not run it (model = plain, model+ngram = ngram)"),
         "",
     ]
     head = ["suite", "n", "tokens"] + list(kinds) + [f"oracle {k}" for k in kinds]
@@ -541,9 +580,30 @@ def parse_sizes(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[int], rounds: int, threads: int | None) -> dict[str, Any]:
+def _at_depths(model: Any, sizes: Sequence[int], rounds: int, depths: Sequence[int]) -> dict[int, dict[int, float]]:
+    """{depth: {n: median seconds}}: batches of n decoded after `depth` cached tokens (filler ids), every depth and
+    size once per round (interleaved, so that a busy moment hits all alike)."""
+    import statistics
+
+    from edgespec.calibration import _time_sizes
+
+    times: dict[int, dict[int, list[float]]] = {d: {n: [] for n in sizes} for d in depths}
+    for _ in range(rounds):
+        for d in depths:
+            model.reset()
+            model.decode([(100 + 7 * i) % model.n_vocab for i in range(d)], 0, ())
+            t, _ = _time_sizes(model, sizes, d, 1)
+            for n in sizes:
+                times[d][n] += t[n]
+    model.reset()
+    return {d: {n: statistics.median(v) for n, v in t.items()} for d, t in times.items()}
+
+
+def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[int], rounds: int, threads: int | None,
+            depths: Sequence[int] = ()) -> dict[str, Any]:
     """A curve file's contents for this machine: the target's verify curve, the draft's per-token cost and its
-    small-batch curve, measured with edgespec.calibration.measure_decode_costs."""
+    small-batch curve, measured with edgespec.calibration.measure_decode_costs (after a 16-token context, as the
+    engine calibrates); with `depths`, also how those costs grow with the context depth (depth_scale)."""
     import time
 
     from edgespec.backend import Model
@@ -551,11 +611,15 @@ def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[i
     from edgespec.config import ModelSpec
 
     out: dict[str, Any] = {"name": f"measured {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")}
-    n_ctx = max(256, max(sizes) + 64)
+    n_ctx = max(256, max(sizes) + 64, max(depths, default=0) + max(sizes) + 8)
     t0 = time.perf_counter()
+    scale: dict[str, Any] = {}
     with Model(ModelSpec(target, n_gpu_layers=n_gpu_layers, n_ctx=n_ctx, n_threads=threads)) as m:
         measure_decode_costs(m, sizes=(1, 2, 4), rounds=1)  # warm-up (first calls allocate, GPU kernels load)
         verify, steady = measure_decode_costs(m, sizes=sizes, rounds=rounds)
+        if depths:
+            at = _at_depths(m, sizes, rounds, sorted({16, *depths}))
+            scale["verify"] = {str(d): {str(n): round(at[d][n] / at[16][n], 4) for n in sizes} for d in sorted(at)}
     out["verify"] = {str(n): s for n, s in sorted(verify.items())}
     out["steady"] = steady
     if draft:
@@ -563,11 +627,16 @@ def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[i
             measure_decode_costs(d, sizes=(1, 2), rounds=1)
             dv, dsteady = measure_decode_costs(d, sizes=[n for n in sizes if n <= 17] or [1], rounds=rounds)
             one, _ = measure_decode_costs(d, sizes=(1,), rounds=5)
+            if depths:
+                at = _at_depths(d, [1], rounds, sorted({16, *depths}))
+                scale["draft"] = {str(k): round(at[k][1] / at[16][1], 4) for k in sorted(at)}
         out["draft"] = one[1]
         out["draft_verify"] = {str(n): s for n, s in sorted(dv.items())}
         out["steady"] = steady and dsteady
     else:
         out["draft"] = 0.0
+    if scale:
+        out["depth_scale"] = scale
     out["n_gpu_layers"] = n_gpu_layers
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
@@ -584,9 +653,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--sizes", default="1-64", help="verify batch sizes, e.g. 1-64 or 1-9,12,16,17 (default 1-64)")
         ap.add_argument("--rounds", type=int, default=3)
         ap.add_argument("--threads", type=int, default=None)
+        ap.add_argument("--depths", default="", help="also measure at these context depths, e.g. 256,640 (depth_scale)")
         ap.add_argument("--out", type=Path, required=True)
         a = ap.parse_args(argv[1:])
-        res = measure(a.target, a.draft, a.n_gpu_layers, parse_sizes(a.sizes), a.rounds, a.threads)
+        depths = [int(x) for x in a.depths.split(",") if x.strip()]
+        res = measure(a.target, a.draft, a.n_gpu_layers, parse_sizes(a.sizes), a.rounds, a.threads, depths)
         a.out.write_text(json.dumps(res, indent=1) + "\n")
         one = res["verify"]["1"]
         print(f"wrote {a.out}: 1 token {1000 * one:.2f} ms, " + " ".join(
@@ -603,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
+    ap.add_argument("--depth-scale", default=None,
+                    help="a curve file whose depth_scale (cost growth with context depth, from `measure --depths`) applies to every --curve")
     ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
     a = ap.parse_args(argv)
 
@@ -615,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         cost = load_curve(path)
         if a.overhead is not None:
             cost.overhead = a.overhead
+        if a.depth_scale:
+            cost.depth_scale = load_curve(a.depth_scale).depth_scale
+            cost.name += f" x depth scale of {Path(a.depth_scale).name}"
         res = predict(data, cost, spec, a.suite)
         results.append(res)
         print(format_table(res))

@@ -156,6 +156,18 @@ def test_predicted_speedups_never_beat_the_oracle(verify, agree_every):
         assert res["overall"]["model"]["speedup"] == pytest.approx(1.0)
 
 
+def test_depth_scale_makes_deep_decodes_dearer():
+    table = {"verify": {"16": {"1": 1.0, "8": 1.0}, "116": {"1": 2.0, "8": 1.5}}, "draft": {"16": 1.0, "116": 3.0}}
+    cost = ps.Curve(verify=dict(CPU), draft=0.01, depth_scale=table)
+    assert cost.verify_factor(1, 16) == 1.0 and cost.verify_factor(1, 66) == pytest.approx(1.5)
+    assert cost.verify_factor(8, 116) == pytest.approx(1.5) and cost.verify_factor(4, 1000) == pytest.approx(2.0 - 0.5 * 3 / 7)
+    assert cost.draft_factor(0) == 1.0 and cost.draft_factor(1000) == 3.0
+    data = synthetic_data(3)
+    flat = ps.predict(data, ps.Curve(verify=dict(CPU), draft=0.01), SpecConfig())
+    deep = ps.predict(data, cost, SpecConfig())
+    assert deep["overall"]["plain_seconds"] > 1.2 * flat["overall"]["plain_seconds"]
+
+
 def test_oracle_dynamic_programming_by_hand():
     cost = ps.Curve(verify={1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}, draft=0.0)
     # proposals of the model accept 3 tokens everywhere: 8 tokens in two cycles of 4
