@@ -136,12 +136,12 @@ def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
 
 
 def _run_one(engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool) -> dict[str, Any]:
-    """One generation from an empty target cache: its stats (with the draft's prompt processing, when it was done
-    apart, in timings.prefill), token ids and text."""
+    """One generation from an empty target cache: its stats (the draft's prompt processing, when it was done apart,
+    in seconds.draft_prefill: before the generation, so in neither its prefill nor its decode time), token ids and
+    text."""
     warm = speculative and not cold_draft and engine.model_draft_pays
     draft_prefill = engine.submit(lambda e: _prepare(e, ctx, warm)).result()
     r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative)
-    r.stats.timings.prefill += draft_prefill
     d = r.stats.as_dict()
     d["seconds"]["draft_prefill"] = round(draft_prefill, 4)
     if not speculative:

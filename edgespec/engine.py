@@ -45,7 +45,12 @@ from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
-RECALIBRATE_EVERY = 30.0  # seconds: at most one mid-generation re-measurement this often
+# A level shift in the timings triggers a quick re-measurement (a few batch sizes, one round, at the end of the
+# context); the n-th one waits RECALIBRATE_AFTER * 2**n seconds after the previous one (at most RECALIBRATE_MAX), so a
+# machine whose load keeps changing pays a few seconds now and then, never a measurement per generation.
+RECALIBRATE_AFTER = 30.0
+RECALIBRATE_MAX = 1800.0
+RECALIBRATE_SIZES = (1, 2, 4, 8, 16)
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -108,6 +113,7 @@ class Engine:
         self.curve = VerifyCurve(self.calibration.verify)  # live: every generation refines it
         self.draft_cost = self.calibration.draft
         self._last_recalibration = 0.0
+        self._n_recalibrations = 0
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._closed = False
@@ -370,17 +376,16 @@ class Engine:
 
     def _recalibrate_if_needed(self, stats: GenerationStats) -> None:
         now = time.perf_counter()
-        if not self.curve.suspect or now - self._last_recalibration < RECALIBRATE_EVERY:
+        wait = min(RECALIBRATE_AFTER * 2.0**self._n_recalibrations, RECALIBRATE_MAX)
+        if not self.curve.suspect or (self._n_recalibrations and now - self._last_recalibration < wait):
             return
         self._last_recalibration = now
-        points, steady = cal.measure_at_end(self.target)
+        self._n_recalibrations += 1
+        points, _ = cal.measure_at_end(self.target, RECALIBRATE_SIZES, rounds=1)
         stats.timings.calibration += time.perf_counter() - now
         if points:
-            self.curve.replace(points)
+            self.curve.replace(points)  # the sizes in between are interpolated, then refined online
             stats.recalibrations += 1
-            if steady:
-                self.calibration = cal.Calibration(points, self.draft_cost, "recalibrated")
-                cal.store(cal.entry_key(self.target, self.draft), self.calibration)
 
     def _run(
         self,

@@ -97,8 +97,8 @@ class GenerationStats(_Ratios):
 
     @property
     def decode_seconds(self) -> float:
-        """Generation time after prefill."""
-        return max(self.wall - self.timings.prefill, 1e-9)
+        """Generation time after prefill (re-measurements of the costs, timings.calibration, are not decoding)."""
+        return max(self.wall - self.timings.prefill - self.timings.calibration, 1e-9)
 
     def _decode_seconds(self) -> float:
         return self.decode_seconds

@@ -173,8 +173,10 @@ def test_a_poisoned_engine_recovers_within_a_bounded_number_of_cycles(tiny, cach
         at, measured = calls[0]
         # within SHIFT_RUN cycles of one size: each cycle adds at most draft_max + 1 tokens
         assert at - len(prompt) <= SHIFT_RUN * (spec.draft_max + 1)
-        assert set(measured) == set(cal.SIZES) and all(measured[n] != bad[n] for n in measured)
-        assert eng.curve.points[17] != bad[17]  # the poisoned curve is gone (the measured one, refined online)
+        from edgespec.engine import RECALIBRATE_SIZES
+
+        assert set(measured) == set(RECALIBRATE_SIZES) and all(measured[n] != bad[n] for n in measured)
+        assert all(v != bad.get(n) for n, v in eng.curve.points.items())  # the poison is gone (measured, refined online)
     finally:
         eng.close()
 
