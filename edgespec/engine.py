@@ -163,17 +163,32 @@ class Engine:
         try:
             if dspec is not None:
                 d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
-            calib = cal.calibrate(t, d) if calibrate_costs else None
             index, where = None, None
             if kind in TREE_KINDS and memory:
                 where = suffix_default_path(vocab_fingerprint(t)) if memory is True else Path(os.fspath(memory))
                 index = SuffixIndex.load(where, vocab=vocab_fingerprint(t)) if where.exists() else None
-            return cls(t, d, drafter=drafter, spec=spec, calibration=calib, max_queue=max_queue, memory=index, memory_path=where)
+            eng = cls(t, d, drafter=drafter, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()
             if d is not None:
                 d.close()
             raise
+        if calibrate_costs:
+            # In the engine's own thread, like every other computation: llama.cpp's CPU backend runs OpenMP, and a
+            # second thread that ever computed keeps a second OpenMP pool; with more pool threads than cores,
+            # libgomp stops spinning at its barriers and every decode got ~40% slower (measured, docs/benchmarks.md).
+            try:
+                eng.set_calibration(eng.submit(lambda e: cal.calibrate(e.target, e.draft)).result())
+            except BaseException:
+                eng.close()
+                raise
+        return eng
+
+    def set_calibration(self, calibration: cal.Calibration) -> None:
+        """Plan with these measured costs from now on (the live curve starts over from them)."""
+        self.calibration = calibration
+        self.curve = VerifyCurve(calibration.verify)
+        self.draft_cost = calibration.draft
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""

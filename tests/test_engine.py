@@ -431,3 +431,26 @@ def test_per_request_settings_and_a_queued_cancel_reads_cancelled(tiny, referenc
             e.stream("abc", spec={"draft_max": 2})
     finally:
         e.close()
+
+
+def test_every_llama_decode_runs_on_the_engine_thread(tiny, monkeypatch, tmp_path):
+    """llama.cpp's CPU backend uses OpenMP, which keeps a thread pool per calling thread: a second thread that ever
+    decodes (calibration on the caller's thread, say) leaves more pool threads than cores, libgomp then stops
+    spinning at its barriers, and every decode was measured ~40% slower. So loading (calibration included),
+    generating and benchmarking must all decode on the engine's one worker thread."""
+    import edgespec.backend as backend
+
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
+    threads = []
+    real = backend.C.llama_decode
+
+    def spy(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(backend.C, "llama_decode", spy)
+    with Engine.load(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), ModelSpec(tiny["draft"], n_ctx=256, n_threads=1)) as e:
+        e.generate("abc d", sampling=GREEDY, max_tokens=8)
+        ChatSession(e, sampling=GREEDY, max_tokens=4).send("hi").result()
+        e.reset_caches()
+    assert threads and set(threads) == {"edgespec-engine"}, set(threads)
