@@ -35,6 +35,7 @@ from .config import ModelSpec, SamplingParams, SpecConfig
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .errors import ConfigError, EdgespecError, EngineClosedError
+from .estimators import MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .sampling import PositionalUniforms
@@ -112,6 +113,7 @@ class Engine:
         self.calibration = calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed")
         self.curve = VerifyCurve(self.calibration.verify)  # live: every generation refines it
         self.draft_cost = self.calibration.draft
+        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
         self._last_recalibration = 0.0
         self._n_recalibrations = 0
         self._entropy = np.random.SeedSequence()
@@ -422,7 +424,7 @@ class Engine:
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)
-        speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory)
+        speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..config import SamplingParams, SpecConfig
 from ..costs import CostModel, draft_model_pays
 from ..ngram import NgramIndex
+from ..estimators import MatchLengthEstimator
 from ..policy import Controller, NgramPolicy, TreePolicy
 from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
@@ -40,21 +41,24 @@ def make_speculator(
     cost: CostModel,
     draft_model: DraftModel | None = None,
     memory: SuffixIndex | None = None,
+    run_estimator: MatchLengthEstimator | None = None,
 ) -> Speculator | None:
     """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
     model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
-    pay on this hardware, "model+ngram" is the lookup alone and "model" is plain decoding: the draft does no work."""
+    pay on this hardware, "model+ngram" is the lookup alone and "model" is plain decoding: the draft does no work.
+    run_estimator: how reliable lookups are by match run, learnt so far (the engine keeps one across generations:
+    a new generation need not learn it again)."""
     if kind not in KINDS:
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "none" or spec.draft_max == 0:
         return None
     lookup: LookupSpeculator | SuffixSpeculator | None = None
     if kind in ("ngram", "model+ngram"):
-        lookup = LookupSpeculator(NgramIndex(spec.ngram_n_max, spec.ngram_n_min), NgramPolicy(spec, cost.view(0.0)))
+        lookup = LookupSpeculator(NgramIndex(spec.ngram_n_max, spec.ngram_n_min), NgramPolicy(spec, cost.view(0.0), run_estimator))
     elif kind in TREE_KINDS:
         if memory is None:
             raise ValueError(f"speculator {kind!r} needs a suffix index (memory)")
-        lookup = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width))
+        lookup = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width, estimator=run_estimator))
     if not model_draft_used(kind, spec, cost):
         return lookup
     if draft_model is None:
