@@ -45,7 +45,8 @@ FORMAT = 2
 @dataclass
 class Calibration:
     """verify: {n: seconds}; draft: seconds per draft token (0 without a draft); source: "cache", "measured",
-    "measured-unsteady" (not cached), "remeasured" (the cached one failed its check) or "fixed" (given)."""
+    "measured-unsteady" (not cached), "remeasured" (the cached one failed its check) or "fixed" (given by the caller: an engine plans with it as it is,
+    never refining or re-measuring it)."""
 
     verify: dict[int, float]
     draft: float

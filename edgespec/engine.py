@@ -111,7 +111,7 @@ class Engine:
         self.drafter_kind = drafter
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.calibration = calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed")
-        self.curve = VerifyCurve(self.calibration.verify)  # live: every generation refines it
+        self.curve = _curve(self.calibration)
         self.draft_cost = self.calibration.draft
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
         self._last_recalibration = 0.0
@@ -189,7 +189,7 @@ class Engine:
     def set_calibration(self, calibration: cal.Calibration) -> None:
         """Plan with these measured costs from now on (the live curve starts over from them)."""
         self.calibration = calibration
-        self.curve = VerifyCurve(calibration.verify)
+        self.curve = _curve(calibration)
         self.draft_cost = calibration.draft
 
     def close(self) -> None:
@@ -423,7 +423,7 @@ class Engine:
         # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
-        cost = CostModel(self.curve, c_draft=self.draft_cost)
+        cost = CostModel(self.curve, c_draft=self.draft_cost, frozen=self.curve.frozen)
         speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
@@ -473,6 +473,12 @@ class Engine:
         with job.lock:
             texts.append(chunk.text)
         job.push(chunk)
+
+
+def _curve(calibration: cal.Calibration) -> VerifyCurve:
+    """The engine's verify curve: live (every generation refines it, a level shift re-measures it) for measured
+    costs; frozen for costs the caller fixed (source "fixed": they are what it plans with, whatever the clock says)."""
+    return VerifyCurve(calibration.verify, frozen=calibration.source == "fixed")
 
 
 def vocab_fingerprint(model: Model) -> str:

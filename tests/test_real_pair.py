@@ -2,7 +2,7 @@
 required (a failure) in CI, where .ci/run pulls it and sets EDGESPEC_REQUIRE_REAL=1.
 
 Greedy identity on real quantized models: llama.cpp's batched Q4 kernels give logits that differ from
-single-token decoding by a few hundredths, so a speculative run (batched verify) and a plain run (single tokens)
+single-token decoding by up to a few tenths, so a speculative run (batched verify) and a plain run (single tokens)
 may part at a near-tie. The test demands identity up to the first divergence and that, on the plain path, the
 target's top-2 logit gap at that position is below NEAR_TIE; any divergence at a clear decision fails.
 """
@@ -16,7 +16,10 @@ from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-NEAR_TIE = 0.25  # logits; divergences seen on this CPU were at top-2 gaps of 0.001-0.204
+# logits. How far batching moves the top-2 gap depends on the CPU's kernels: on AVX2, divergences were seen at gaps of
+# 0.001-0.204; on AVX-512 (2026-11-30: 550 positions of 10 of these prompts, a batch of 5 against single tokens on the
+# same cache) the gap moved by median 0.07, p99 0.31, max 0.44. A wrong acceptance rule parts at clear decisions.
+NEAR_TIE = 0.6
 MAX_TOKENS = 64
 
 PROMPTS = [
@@ -64,6 +67,16 @@ def top2_gap(logits: np.ndarray) -> float:
     return float(abs(b - a))
 
 
+def plain_logits(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    """The target's logits after `prompt` + `tokens`, decoded as plain decoding does: the prompt as one batch, then
+    token by token, from an empty cache."""
+    model.reset()
+    logits = model.sync(prompt)[0]
+    for t in tokens:
+        logits = model.decode([t], model.n_past)[0]
+    return logits
+
+
 def test_tokenizer_and_template(engine):
     assert engine.target.n_vocab == engine.draft.n_vocab == 151936
     toks = engine.prompt_tokens(messages=[{"role": "user", "content": "hi"}])
@@ -86,9 +99,10 @@ def test_greedy_identity_20_prompts(engine):
             assert a == b, f"{prompt!r}: same prefix but different lengths"
             identical += 1
             continue
-        # first divergence: it must be a near-tie on the plain (single-token) path
-        ctx = engine.prompt_tokens(messages=msgs) + a[:j]
-        logits = engine.submit(lambda e, c=ctx: e.target.sync(c)[0]).result()
+        # first divergence: it must be a near-tie on the plain path, recomputed as plain decoding computes it (the
+        # prompt in one batch, then one token at a time) on an empty cache: KV entries left by the speculative run's
+        # batched verify would shift the logits by as much as the kernels differ
+        logits = engine.submit(lambda e, p=engine.prompt_tokens(messages=msgs), t=a[:j]: plain_logits(e.target, p, t)).result()
         gap = top2_gap(logits)
         gaps.append(gap)
         diverged += 1

@@ -759,11 +759,8 @@ def test_host_header_must_name_this_machine(srv):
 # --------------------------------------------------------------------------------------------- the real pair
 @pytest.mark.real
 @pytest.mark.slow
-def test_real_pair_through_the_server(real_pair, monkeypatch):
-    import edgespec.engine
-
+def test_real_pair_through_the_server(real_pair):
     # no cost measurements (fixed K needs none; they take minutes on a busy CPU): this test is about the HTTP layer
-    monkeypatch.setattr(edgespec.engine, "RECALIBRATE_EVERY", float("inf"))
     target, draft = real_pair
     spec = SpecConfig(draft_max=4, adaptive=False)
     with Engine.load(ModelSpec(str(target), n_ctx=1024), ModelSpec(str(draft), n_ctx=1024), spec=spec, calibrate_costs=False) as eng:
