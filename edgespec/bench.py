@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .config import SamplingParams
 from .errors import EdgespecError
-from .stats import Totals
+from .stats import Totals, acceptance_by_position
 
 SUITES_FILE = Path(__file__).with_name("bench_suites.json")
 
@@ -195,7 +195,7 @@ def _summary(records: Sequence[Mapping[str, Any]], greedy: bool) -> dict[str, An
         "mu": round(spec.mu, 4),
         "tokens_per_cycle": round(spec.tokens_per_cycle, 4),
         "acceptance": round(spec.acceptance, 4) if spec.n_drafted else None,
-        "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(spec.accepted_by_pos, spec.drafted_by_pos)],
+        "acceptance_by_pos": acceptance_by_position(spec.accepted_by_pos, spec.drafted_by_pos),
         "drafted_by_pos": list(spec.drafted_by_pos),
         "sources": dict(sorted(spec.source_counts.items())),
         "identical": sum(1 for r in records if r["identical"]) if greedy else None,

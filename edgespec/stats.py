@@ -71,6 +71,11 @@ def _add_positions(acc: list[int], more: list[int]) -> None:
         acc[i] += v
 
 
+def acceptance_by_position(accepted: list[int], drafted: list[int]) -> list[float | None]:
+    """Acceptance at each draft position (a position drafted but never accepted is 0.0, not left out)."""
+    return [round((accepted[i] if i < len(accepted) else 0) / d, 4) if d else None for i, d in enumerate(drafted)]
+
+
 @dataclass
 class GenerationStats(_Ratios):
     n_prompt: int = 0
@@ -134,7 +139,7 @@ class GenerationStats(_Ratios):
             "n_accepted": self.n_accepted,
             "mu": round(self.mu, 4),
             "acceptance": round(self.acceptance, 4),
-            "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)],
+            "acceptance_by_pos": acceptance_by_position(self.accepted_by_pos, self.drafted_by_pos),
             "drafted_by_pos": list(self.drafted_by_pos),
             "accepted_by_pos": list(self.accepted_by_pos),
             "sources": dict(self.source_counts),
@@ -203,7 +208,7 @@ class Totals(_Ratios):
             "n_accepted": self.n_accepted,
             "mu": round(self.mu, 4),
             "acceptance": round(self.acceptance, 4),
-            "acceptance_by_pos": [round(a / d, 4) if d else None for a, d in zip(self.accepted_by_pos, self.drafted_by_pos)],
+            "acceptance_by_pos": acceptance_by_position(self.accepted_by_pos, self.drafted_by_pos),
             "drafted_by_pos": list(self.drafted_by_pos),
             "sources": dict(self.source_counts),
             "tokens_per_second": round(self.tokens_per_second, 3),
@@ -234,4 +239,4 @@ def summary_line(s: GenerationStats | Totals) -> str:
     return " · ".join(parts)
 
 
-__all__ = ["Timings", "GenerationStats", "Totals", "summary_line"]
+__all__ = ["Timings", "GenerationStats", "Totals", "summary_line", "acceptance_by_position"]

@@ -207,3 +207,32 @@ def test_suffix_drafter_with_a_lookup_corpus_and_a_memory(tiny, tmp_path, monkey
     assert r["token_ids"] == plain["token_ids"] and any((tmp_path / "cache" / "suffix").glob("*.idx"))
     again = json.loads(run("generate", "abc d", "--drafter", "suffix", *common).stdout)
     assert again["token_ids"] == plain["token_ids"] and again["stats"]["n_accepted"] > r["stats"]["n_accepted"]  # remembered
+
+
+def test_stdin_larger_than_the_bound_is_a_usage_error(monkeypatch):
+    import io
+
+    import click
+
+    from edgespec.cli import common
+
+    class Stdin:
+        def __init__(self, data: bytes) -> None:
+            self.buffer = io.BytesIO(data)
+
+    monkeypatch.setattr(common, "MAX_STDIN_BYTES", 1024)
+    monkeypatch.setattr(sys, "stdin", Stdin(b"x" * 1024))
+    assert common.read_stdin_text() == "x" * 1024  # up to the bound: read whole
+    monkeypatch.setattr(sys, "stdin", Stdin(b"x" * 1025))
+    with pytest.raises(click.UsageError, match="larger than"):
+        common.read_stdin_text()
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(click.UsageError, match="stdin is closed"):
+        common.read_stdin_text()
+
+
+def test_serve_listens_on_loopback_unless_told_otherwise():
+    from edgespec.cli.serve import serve
+
+    host = next(p for p in serve.params if p.name == "host")
+    assert host.default == "127.0.0.1"

@@ -102,7 +102,8 @@ def test_greedy_identity_20_prompts(engine):
         # first divergence: it must be a near-tie on the plain path, recomputed as plain decoding computes it (the
         # prompt in one batch, then one token at a time) on an empty cache: KV entries left by the speculative run's
         # batched verify would shift the logits by as much as the kernels differ
-        logits = engine.submit(lambda e, p=engine.prompt_tokens(messages=msgs), t=a[:j]: plain_logits(e.target, p, t)).result()
+        prompt_ids = engine.prompt_tokens(messages=msgs)
+        logits = engine.submit(lambda e, p=prompt_ids, t=a[:j]: plain_logits(e.target, p, t)).result()
         gap = top2_gap(logits)
         gaps.append(gap)
         diverged += 1
