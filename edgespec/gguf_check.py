@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IncompatiblePairError, ModelFileError
-from .gguf_rules import GGML_TYPES, RuleError, check
+from .gguf_rules import GGML_TYPES, RuleError, check, shown
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp's own tolerance for draft/target vocabularies (common/speculative.cpp).
@@ -267,7 +267,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     def read_array(key: str, etype: int, count: int) -> Any:
         nonlocal pos
         if count > _MAX_COUNT:
-            raise ValueError(f"array '{key}' of {count:,} elements")
+            raise ValueError(f"array {shown(key)} of {count:,} elements")
         if etype == _STRING:
             # tight loop: 151k-entry vocabularies and merge lists; merges are walked past, not decoded
             keep = key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml.")
@@ -287,7 +287,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             pos = p0
             return out
         if etype not in _SCALAR:
-            raise ValueError(f"array '{key}' has element type {etype}")
+            raise ValueError(f"array {shown(key)} has element type {etype}")
         fmt = _SCALAR[etype]
         size = struct.calcsize(fmt) * count
         if pos + size > n_buf:
@@ -317,7 +317,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             if not key:
                 raise ValueError("empty metadata key")
             if key in kv:
-                raise ValueError(f"duplicate metadata key '{key}'")
+                raise ValueError(f"duplicate metadata key {shown(key)}")
             vtype = take("<I")
             if vtype == _ARRAY:
                 etype, count = take("<I"), take("<Q")
@@ -328,16 +328,16 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             elif vtype in _SCALAR:
                 kv_types[key], kv[key] = (vtype, None), take(_SCALAR[vtype])
             else:
-                raise ValueError(f"key '{key}' has unknown value type {vtype}")
+                raise ValueError(f"key {shown(key)} has unknown value type {vtype}")
         tensors = []
         for _ in range(n_tensors):
             name = string()
             n_dims = take("<I")
             if n_dims > _MAX_DIMS:
-                raise ValueError(f"tensor '{name}' has {n_dims} dimensions (at most {_MAX_DIMS})")
+                raise ValueError(f"tensor {shown(name)} has {n_dims} dimensions (at most {_MAX_DIMS})")
             dims = [take("<Q") for _ in range(n_dims)]
             if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
-                raise ValueError(f"tensor '{name}' has an impossible shape {dims}")
+                raise ValueError(f"tensor {shown(name)} has an impossible shape {dims}")
             tensors.append(TensorInfo(name, dims, take("<I"), take("<Q")))
         align = kv.get("general.alignment")
         if kv_types.get("general.alignment") != (_UINT32, None) or not align or align & (align - 1):

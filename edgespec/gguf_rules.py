@@ -26,6 +26,15 @@ class RuleError(Exception):
     """A header value llama.cpp cannot take; the message is the reason (the caller adds the path)."""
 
 
+def shown(text: str, limit: int = 48) -> str:
+    """A name read from a file, fit for a one-line message: quoted, control and undecodable characters escaped, cut
+    at `limit` characters (a damaged header can make a "name" of garbage kilobytes long)."""
+    body = text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+    body = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in body)
+    return "'" + body[:limit] + ("..." if len(body) > limit else "") + "'"
+
+
+
 @dataclass(frozen=True)
 class GGMLType:
     name: str
@@ -562,5 +571,5 @@ def _check_unique(tokens: list[str]) -> None:
     for i, t in enumerate(tokens):
         key = t.partition("\0")[0] or f"[EMPTY_{i}]"
         if key in first:
-            raise RuleError(f"tokens {first[key]} and {i} have the same text {key!r} (llama.cpp would abort)")
+            raise RuleError(f"tokens {first[key]} and {i} have the same text {shown(key)} (llama.cpp would abort)")
         first[key] = i

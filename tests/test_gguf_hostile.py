@@ -229,6 +229,20 @@ def test_short_and_empty_files(tmp_path: Path) -> None:
         inspect_gguf(tmp_path / "head.gguf")
 
 
+def test_garbage_names_are_shown_short_and_on_one_line(tmp_path: Path) -> None:
+    """A damaged header can make a key or tensor "name" of kilobytes of garbage: the message shows it escaped and cut."""
+    import struct
+
+    key = ("bad\nkey\x08\udc88" + "x" * 5000).encode("utf-8", "surrogateescape")
+    body = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 999)
+    (tmp_path / "garbage.gguf").write_bytes(body + bytes(64))
+    with pytest.raises(ModelFileError) as e:
+        inspect_gguf(tmp_path / "garbage.gguf")
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 200 and msg.isprintable(), msg
+    assert msg.endswith("damaged GGUF header (key 'bad\\nkey\\x08\\udc88" + "x" * 30 + "...' has unknown value type 999)"), msg
+
+
 def test_symlinks(tmp_path: Path) -> None:
     (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
     (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
