@@ -672,6 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--ngram-draft-max", type=int, default=None, help="most tokens an n-gram lookup drafts (default: SpecConfig's)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
     ap.add_argument("--depth-scale", default=None,
@@ -682,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     from edgespec.config import SpecConfig
 
     spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k)
+    if a.ngram_draft_max is not None:
+        spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k, ngram_draft_max=a.ngram_draft_max)
     data = load_traces(a.traces)
     results = []
     for path in a.curve:
