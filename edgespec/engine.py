@@ -142,7 +142,8 @@ class Engine:
         memory: str | os.PathLike[str] | bool | None = True,
     ) -> "Engine":
         """Validate both files, check that they share a tokenizer (before any weights load), load them and
-        measure decode costs (cached per machine, checked at every load). prompt_cache_mb: host memory for KV
+        measure decode costs (cached per machine, checked at every load; calibrate_costs=False measures nothing and
+        plans with a fixed flat, GPU-like curve: drafting always looks cheap). prompt_cache_mb: host memory for KV
         snapshots of conversations the engine left (0 = none), per model. memory (suffix drafters only): True keeps
         the memory of everything seen in the user cache across runs, a path keeps it there, False/None keeps it in
         this process only."""
