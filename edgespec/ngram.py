@@ -42,7 +42,8 @@ class NgramMatch:
     run: int = 0
 
 
-def _as_list(tokens: Sequence[int]) -> list[int]:
+def as_token_list(tokens: Sequence[int]) -> list[int]:
+    """Token ids as a list (a list is returned as it is, without a copy)."""
     if isinstance(tokens, list):
         return tokens
     if isinstance(tokens, np.ndarray):
@@ -82,7 +83,7 @@ class NgramIndex:
     def extend(self, new_tokens: Sequence[int]) -> None:
         """Append tokens to the indexed context: O(n_max) dictionary writes per token."""
         toks, index, occ, n_max = self._tokens, self._next, self._occ, self.n_max
-        for t in _as_list(new_tokens):
+        for t in as_token_list(new_tokens):
             p = len(toks)
             for n in range(self.n_min, min(n_max - 1, p) + 1):
                 index[tuple(toks[p - n : p])] = p
@@ -102,7 +103,7 @@ class NgramIndex:
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the index describe `tokens`: extend when it continues the indexed context, else reset."""
-        toks = _as_list(tokens)
+        toks = as_token_list(tokens)
         m = len(self._tokens)
         if len(toks) >= m and toks[:m] == self._tokens:
             if len(toks) > m:

@@ -264,7 +264,42 @@ class Controller:
         }
 
 
-class NgramPolicy:
+class _LookupPolicy:
+    """What the lookup policies share: a lookup is free, so they plan on a zero-draft-cost view of the curve; a
+    MatchLengthEstimator learns acceptance by match run (from verified drafts, plain steps' ageing and shadow
+    observations of declined proposals)."""
+
+    def __init__(self, cost: CostModel, estimator: MatchLengthEstimator | None) -> None:
+        self.cost = cost.view(0.0) if cost.c_draft else cost
+        self.estimator = estimator if estimator is not None else MatchLengthEstimator()
+        self.cycles = 0
+        self.shadow_seen = 0
+        self.shadow_hits = 0
+
+    def observe_plain(self, t_verify: float, n_tokens: int = 1) -> None:
+        """A cycle without a lookup draft (plain, or drafted by another drafter) that emitted n_tokens."""
+        if t_verify > 0 and n_tokens == 1:
+            self.cost.update_verify(1, t_verify)
+        self.estimator.age(n_tokens)
+
+    def observe_shadow(self, run: int, hit: bool) -> None:
+        """A declined proposal at run `run` whose first token turned out to be (hit) or not be the next token."""
+        self.shadow_seen += 1
+        self.shadow_hits += bool(hit)
+        self.estimator.observe(run, hit)
+
+    def _learnt(self) -> dict:
+        """The shared part of stats(): shadow observations, α by run bucket, the verify curve."""
+        return {
+            "shadow": {"seen": self.shadow_seen, "hits": self.shadow_hits},
+            "alpha_by_run": {
+                str(e): round(float(a), 4) for e, a in zip(MatchLengthEstimator.BUCKET_EDGES, self.estimator.alphas())
+            },
+            "verify": self.cost.points,
+        }
+
+
+class NgramPolicy(_LookupPolicy):
     """Draft length for n-gram (lookup) proposals, chosen after the lookup from the match's run m.
 
     a_j = α(m + j - 1) from a MatchLengthEstimator, and k = best_k(a, cost, k_cap) with drafting free: the only
@@ -281,19 +316,13 @@ class NgramPolicy:
     ) -> None:
         if min_gain < 0:
             raise ValueError(f"min_gain must be >= 0, got {min_gain}")
+        super().__init__(cost, estimator)
         self.spec = spec
         self.min_gain = min_gain
-        if cost.c_draft:  # a lookup is free: plan on a zero-draft-cost view of the same curve
-            cost = cost.view(0.0)
-        self.cost = cost
-        self.estimator = estimator if estimator is not None else MatchLengthEstimator()
         self.k_max = spec.ngram_draft_max if spec.adaptive else spec.draft_max
         self.decisions: Counter[int] = Counter()
-        self.cycles = 0
         self.tokens_drafted = 0
         self.tokens_accepted = 0
-        self.shadow_seen = 0
-        self.shadow_hits = 0
 
     def choose(self, run: int, k_cap: int) -> int:
         """Tokens to draft from a proposal at run `run` that offers (up to) k_cap tokens; 0 = plain step."""
@@ -318,18 +347,6 @@ class NgramPolicy:
         self.cost.update_verify(n_drafted + 1, t_verify)
         self.estimator.observe_cycle(run, n_drafted, n_accepted)
 
-    def observe_plain(self, t_verify: float, n_tokens: int = 1) -> None:
-        """A cycle without an n-gram draft (plain, or drafted by another drafter) that emitted n_tokens."""
-        if t_verify > 0 and n_tokens == 1:
-            self.cost.update_verify(1, t_verify)
-        self.estimator.age(n_tokens)
-
-    def observe_shadow(self, run: int, hit: bool) -> None:
-        """A declined proposal at run `run` whose first token turned out to be (hit) or not be the next token."""
-        self.shadow_seen += 1
-        self.shadow_hits += bool(hit)
-        self.estimator.observe(run, hit)
-
     def stats(self) -> dict:
         return {
             "k_chosen": dict(sorted(self.decisions.items())),
@@ -337,18 +354,14 @@ class NgramPolicy:
             "tokens_drafted": self.tokens_drafted,
             "tokens_accepted": self.tokens_accepted,
             "acceptance": self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None,
-            "shadow": {"seen": self.shadow_seen, "hits": self.shadow_hits},
-            "alpha_by_run": {
-                str(e): round(float(a), 4) for e, a in zip(MatchLengthEstimator.BUCKET_EDGES, self.estimator.alphas())
-            },
-            "verify": self.cost.points,
+            **self._learnt(),
         }
 
 
 
 
 # --------------------------------------------------------------------------------------------- tree policy
-class TreePolicy:
+class TreePolicy(_LookupPolicy):
     """The tree to verify for a lookup proposal with several candidates per node (a suffix-index trie).
 
     Acceptance is modelled per depth d and rank r as c(d, r), the chance that the rank-r candidate is accepted
@@ -370,22 +383,18 @@ class TreePolicy:
     ) -> None:
         if max_nodes < 1 or max_width < 1:
             raise ValueError("need max_nodes >= 1 and max_width >= 1")
+        super().__init__(cost, estimator)
         self.spec = spec
-        self.cost = cost if not cost.c_draft else cost.view(0.0)
         self.max_nodes = max_nodes
         self.max_width = max_width
         self.max_depth = min(spec.ngram_draft_max, max_nodes) if spec.adaptive else spec.draft_max
         self.min_gain = min_gain
-        self.estimator = estimator if estimator is not None else MatchLengthEstimator()
         self.decay = decay
         self.rank_hits = np.zeros(max_width)
         self.rank_tries = np.zeros(max_width)
         self.shapes: Counter[tuple[int, int]] = Counter()  # (nodes, width) chosen
-        self.cycles = 0
         self.nodes_drafted = 0
         self.tokens_accepted = 0
-        self.shadow_seen = 0
-        self.shadow_hits = 0
 
     def rank_rates(self) -> np.ndarray:
         """β_r for ranks 2..max_width (index 0 unused: rank 1 follows the match run)."""
@@ -424,16 +433,6 @@ class TreePolicy:
                 self.rank_tries[rank] += 1
                 self.rank_hits[rank] += float(ok)
 
-    def observe_plain(self, t_verify: float, n_tokens: int = 1) -> None:
-        if t_verify > 0 and n_tokens == 1:
-            self.cost.update_verify(1, t_verify)
-        self.estimator.age(n_tokens)
-
-    def observe_shadow(self, run: int, hit: bool) -> None:
-        self.shadow_seen += 1
-        self.shadow_hits += bool(hit)
-        self.estimator.observe(run, hit)
-
     def stats(self) -> dict:
         return {
             "shapes": {f"{n}x{w}": c for (n, w), c in sorted(self.shapes.items())},
@@ -441,11 +440,7 @@ class TreePolicy:
             "nodes_drafted": self.nodes_drafted,
             "tokens_accepted": self.tokens_accepted,
             "rank_acceptance": [round(float(x), 4) for x in self.rank_rates()[1:]],
-            "shadow": {"seen": self.shadow_seen, "hits": self.shadow_hits},
-            "alpha_by_run": {
-                str(e): round(float(a), 4) for e, a in zip(MatchLengthEstimator.BUCKET_EDGES, self.estimator.alphas())
-            },
-            "verify": self.cost.points,
+            **self._learnt(),
         }
 
 

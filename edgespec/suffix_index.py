@@ -70,6 +70,7 @@ from typing import Sequence
 import numpy as np
 
 from .fsutil import atomic_write_bytes
+from .ngram import as_token_list
 from .tree import ROOT, TokenTree
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -82,14 +83,6 @@ _B = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
 _B_INV = pow(_B, -1, 1 << 64)
 _POW = [pow(_B, n, 1 << 64) for n in range(max(LADDER) + 1)]  # B**n mod 2**64 for the ladder
 _NO_POSITIONS = np.zeros(0, dtype=np.int64)
-
-
-def _as_list(tokens: Sequence[int]) -> list[int]:
-    if isinstance(tokens, list):
-        return tokens
-    if isinstance(tokens, np.ndarray):
-        return tokens.tolist()
-    return [int(t) for t in tokens]
 
 
 def _prefix_hashes(tokens: np.ndarray) -> np.ndarray:
@@ -341,7 +334,7 @@ class SuffixIndex:
     def extend(self, tokens: Sequence[int]) -> None:
         """Append tokens to the open document (the current context): len(LADDER) hashes per token, written to a
         small buffer that is merged into sorted arrays every TAIL tokens; long appends are done vectorised."""
-        new = _as_list(tokens)
+        new = as_token_list(tokens)
         if not new:
             return
         if min(new) < 0 or max(new) > MAX_TOKEN_ID:
@@ -416,7 +409,7 @@ class SuffixIndex:
     def sync(self, context: Sequence[int]) -> None:
         """Make the open document `context`: extend it when it continues the indexed one; otherwise finish the old
         one's departing tail (from max(LADDER) tokens before the first difference) as a document and start over."""
-        toks = _as_list(context)
+        toks = as_token_list(context)
         m = len(self._ctx)
         if len(toks) >= m and toks[:m] == self._ctx:
             if len(toks) > m:
@@ -441,7 +434,7 @@ class SuffixIndex:
         """Index a finished document (earlier output, a file the user points at: token ids). Returns its id, or
         None when it is too short to propose anything (< 2 tokens). A document longer than max_tokens keeps its
         last max_tokens tokens. Older documents are evicted to stay within max_tokens."""
-        arr = np.asarray(_as_list(tokens), dtype=np.int64)
+        arr = np.asarray(as_token_list(tokens), dtype=np.int64)
         if arr.size and (arr.min() < 0 or arr.max() > MAX_TOKEN_ID):
             raise ValueError("token ids must be in [0, 2**31)")
         arr = arr[-self.max_tokens :].astype(np.int32)
