@@ -86,7 +86,7 @@ def check(h: GGUFHeader) -> None:
     scales = names & {"output.scale", "output.input_scale"}
     if embd is not None and embd.ttype == _NVFP4 and "output.weight" not in names and scales:
         # src/llama-model.cpp load_tensors: GGML_ASSERT on a tied NVFP4 output with LM-head scales
-        raise RuleError(f"tensor '{min(scales)}' scales an output layer the file does not have (the NVFP4 token "
+        raise RuleError(f"tensor {shown(min(scales))} scales an output layer the file does not have (the NVFP4 token "
                         "embedding is reused as output; llama.cpp would abort)")
     hp = _check_hparams(h, arch)
     n_vocab = _check_vocab(h)
@@ -142,9 +142,9 @@ def _architecture(h: GGUFHeader) -> str:
     if not isinstance(arch, str):
         raise RuleError("GGUF has no general.architecture")
     if arch in gguf_known.REFUSED:
-        raise RuleError(f"architecture '{arch}' {gguf_known.REFUSED[arch]}")
+        raise RuleError(f"architecture {shown(arch)} {gguf_known.REFUSED[arch]}")
     if arch not in gguf_known.KNOWN:
-        raise RuleError(f"architecture '{arch}' is not one llama.cpp knows")
+        raise RuleError(f"architecture {shown(arch)} is not one llama.cpp knows")
     return arch
 
 
@@ -154,32 +154,32 @@ def _check_tensors(h: GGUFHeader) -> None:
     for t in h.tensors:
         # ggml/src/gguf.cpp: name length, duplicates, type range, block multiple, contiguous layout
         if len(t.name.encode("utf-8", "surrogateescape")) >= MAX_NAME:
-            raise RuleError(f"tensor name '{t.name[:40]}...' is longer than {MAX_NAME - 1} bytes")
+            raise RuleError(f"tensor name {shown(t.name)} is longer than {MAX_NAME - 1} bytes")
         if t.name in seen:
-            raise RuleError(f"tensor '{t.name}' appears twice")
+            raise RuleError(f"tensor {shown(t.name)} appears twice")
         seen.add(t.name)
         gt = GGML_TYPES.get(t.ttype)
         if gt is None:
-            raise RuleError(f"tensor '{t.name}' has unknown type id {t.ttype}")
+            raise RuleError(f"tensor {shown(t.name)} has unknown type id {t.ttype}")
         if 0 in t.dims:
             # a zero-sized weight trips ggml_mul_mat's GGML_ASSERT(!ggml_is_transposed(a)) (ggml.c)
-            raise RuleError(f"tensor '{t.name}' has an empty dimension {t.dims}")
+            raise RuleError(f"tensor {shown(t.name)} has an empty dimension {t.dims}")
         if t.dims and t.dims[0] % gt.block:
-            raise RuleError(f"tensor '{t.name}' row of {t.dims[0]} is not a multiple of the {gt.name} block ({gt.block})")
+            raise RuleError(f"tensor {shown(t.name)} row of {t.dims[0]} is not a multiple of the {gt.name} block ({gt.block})")
         if t.offset != expected_offset:
-            raise RuleError(f"tensor '{t.name}' data is at offset {t.offset:,}, expected {expected_offset:,} (damaged file)")
+            raise RuleError(f"tensor {shown(t.name)} data is at offset {t.offset:,}, expected {expected_offset:,} (damaged file)")
         nbytes = tensor_nbytes(t.dims, gt)
         expected_offset += -(-nbytes // h.alignment) * h.alignment
         end = h.data_start + t.offset + nbytes
         if end > h.file_size:
-            raise RuleError(f"truncated file: tensor '{t.name}' ends at byte {end:,} but the file has {h.file_size:,} bytes")
+            raise RuleError(f"truncated file: tensor {shown(t.name)} ends at byte {end:,} but the file has {h.file_size:,} bytes")
         # ggml-cpu: mul_mat with no vec_dot segfaults (type_traits_cpu); elementwise ops on weights (norms, biases,
         # rope factors) take F32 only (binary-ops.cpp binary_op, ops.cpp rope) and GGML_ABORT otherwise
         if _n_dims(t.dims) >= 2 and not gt.matmul:
-            raise RuleError(f"tensor '{t.name}' has type {gt.name}, which llama.cpp cannot compute (it would crash)")
+            raise RuleError(f"tensor {shown(t.name)} has type {gt.name}, which llama.cpp cannot compute (it would crash)")
         if _n_dims(t.dims) <= 1 and t.ttype != F32:
             raise RuleError(
-                f"tensor '{t.name}' is a vector of type {gt.name}; llama.cpp computes norm/bias vectors only in F32 "
+                f"tensor {shown(t.name)} is a vector of type {gt.name}; llama.cpp computes norm/bias vectors only in F32 "
                 "(it would abort)"
             )
 
@@ -250,7 +250,7 @@ def _check_hparams(h: GGUFHeader, arch: str) -> Hparams:
 
     scaling = _get(h, p + "rope.scaling.type", _STR)
     if scaling is not None and scaling not in ROPE_SCALING_TYPES:
-        raise RuleError(f"{p}rope.scaling.type '{scaling}' is not one of {', '.join(ROPE_SCALING_TYPES)} (llama.cpp would abort)")
+        raise RuleError(f"{p}rope.scaling.type {shown(scaling)} is not one of {', '.join(ROPE_SCALING_TYPES)} (llama.cpp would abort)")
     for key in ("attention.layer_norm_epsilon", "attention.layer_norm_rms_epsilon", "attention.group_norm_epsilon"):
         eps = _get(h, p + key, _F32)
         if eps is not None and not eps >= 0:  # also catches NaN; ggml_norm/rms_norm GGML_ASSERT(eps >= 0.0f)
@@ -282,7 +282,7 @@ def _check_hparams(h: GGUFHeader, arch: str) -> Hparams:
         # the loader counts every tensor it creates; one of a layer past block_count is never created
         layer = t.name.split(".")[1] if t.name.startswith("blk.") else ""
         if layer.isdigit() and int(layer) >= n_layer:
-            raise RuleError(f"tensor '{t.name}' belongs to layer {layer} but {p}block_count is {n_layer}")
+            raise RuleError(f"tensor {shown(t.name)} belongs to layer {layer} but {p}block_count is {n_layer}")
     n_ff = _per_layer(h, p + "feed_forward_length", n_layer, [0] * n_layer)
     return Hparams(n_layer - n_nextn, n_embd, n_head[0], n_head_kv[0], head_k, head_v, n_rot, n_ff, n_expert)
 
@@ -393,9 +393,9 @@ def _check_layout(h: GGUFHeader, arch: str, hp: Hparams, n_vocab: int) -> None:
     for t in h.tensors:
         shape = required.get(t.name) or optional.get(t.name)
         if shape is None:
-            raise RuleError(f"tensor '{t.name}' is not part of a {arch} model with {hp.n_layer} layers")
+            raise RuleError(f"tensor {shown(t.name)} is not part of a {arch} model with {hp.n_layer} layers")
         if tuple(t.dims[: len(shape)]) != shape or any(d != 1 for d in t.dims[len(shape):]):
-            raise RuleError(f"tensor '{t.name}' has shape {t.dims}, {arch} with these hyperparameters needs {list(shape)}")
+            raise RuleError(f"tensor {shown(t.name)} has shape {t.dims}, {arch} with these hyperparameters needs {list(shape)}")
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -430,10 +430,10 @@ def _check_vocab(h: GGUFHeader) -> int:
     """Rules from llama_vocab::impl::load and ::tokenize; returns the vocabulary size."""
     model = _get(h, _T + "model", _STR, required=True)
     if model in ("none", "no_vocab"):
-        raise RuleError(f"the file has no tokenizer ({_T}model = '{model}'); llama.cpp aborts when asked to tokenize")
+        raise RuleError(f"the file has no tokenizer ({_T}model = {shown(model)}); llama.cpp aborts when asked to tokenize")
     tok = TOKENIZERS.get(model)
     if tok is None:
-        raise RuleError(f"unknown tokenizer '{model}' ({_T}model)")
+        raise RuleError(f"unknown tokenizer {shown(model)} ({_T}model)")
     tokens = _get(h, _T + "tokens", _ARR, required=True)
     if h.kv_types[_T + "tokens"][1] != _STR or not tokens:
         raise RuleError(f"{_T}tokens must be a non-empty list of strings")
@@ -442,7 +442,7 @@ def _check_vocab(h: GGUFHeader) -> int:
     _check_array(h, _T + "token_type", (_I32,), n)
     pre = _get(h, _T + "pre", _STR)
     if tok.kind == "bpe" and model != "gemma4" and pre and pre not in gguf_known.PRE_TOKENIZERS:
-        raise RuleError(f"unknown pre-tokenizer '{pre}' ({_T}pre)")
+        raise RuleError(f"unknown pre-tokenizer {shown(pre)} ({_T}pre)")
     if tok.kind == "bpe" and not (model == "gpt2" and pre == "kimi-k2"):
         _get(h, _T + "merges", _ARR, required=True)
         if h.kv_types[_T + "merges"][1] != _STR:
