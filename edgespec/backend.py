@@ -114,6 +114,8 @@ class Model:
         # tree_paths > 0: token trees are verified with one sequence per root-to-leaf path (1..tree_paths) beside the
         # main sequence 0, in one unified cache (the paths share the context's cells)
         self.tree_paths = max(0, int(tree_paths))
+        self._tree: tuple[int, int] | None = None  # (start, paths) of the last decode_tree
+        self._tree_seqs = False  # tree sequences may hold cells (from decode_tree until they are dropped)
         cparams.n_seq_max = 1 + self.tree_paths
         cparams.kv_unified = self.tree_paths > 0
         cparams.n_threads = self.n_threads
@@ -308,8 +310,13 @@ class Model:
         """Drop whatever llama.cpp holds past `cached` in sequence 0, and every tree sequence (an interrupted step's
         leftovers): the next decode starts from exactly `cached`."""
         C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
-        for s in range(1, 1 + self.tree_paths):
-            C.llama_memory_seq_rm(self._mem, s, -1, -1)
+        self._drop_tree_seqs()
+
+    def _drop_tree_seqs(self) -> None:
+        if self._tree_seqs:
+            for s in range(1, 1 + self.tree_paths):
+                C.llama_memory_seq_rm(self._mem, s, -1, -1)
+            self._tree_seqs = False
 
     def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """Verify a token tree in one llama_decode (layout: tree.TokenTree.batch). Row 0 is the root: the context's
@@ -331,6 +338,7 @@ class Model:
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
         self._clean()
+        self._tree_seqs = True
         for s in range(n_paths):
             C.llama_memory_seq_cp(self._mem, 0, s + 1, -1, -1)  # the context is visible to every path
         b = self._batch
@@ -366,13 +374,12 @@ class Model:
         """After decode_tree: keep the accepted drafts `tokens`, the first nodes after the root of tree path `path`,
         in sequence 0, and drop every tree sequence."""
         self._live()
-        start, n_paths = self._tree
-        if self.n_past != start + 1 or not 0 <= path < n_paths:
+        if self._tree is None or self.n_past != self._tree[0] + 1 or not 0 <= path < self._tree[1]:
             raise BackendError("keep_tree_path does not match the last decode_tree")
+        start = self._tree[0]
         if tokens:
             C.llama_memory_seq_cp(self._mem, path + 1, 0, start + 1, start + 1 + len(tokens))
-        for s in range(1, 1 + self.tree_paths):
-            C.llama_memory_seq_rm(self._mem, s, -1, -1)
+        self._drop_tree_seqs()
         self.cached += [int(t) for t in tokens]
 
     def truncate(self, n_past: int) -> None:

@@ -110,9 +110,7 @@ class Engine:
         self.spec = spec or SpecConfig()
         self.drafter_kind = drafter
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
-        self.calibration = calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed")
-        self.curve = _curve(self.calibration)
-        self.draft_cost = self.calibration.draft
+        self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
         self._last_recalibration = 0.0
         self._n_recalibrations = 0
@@ -168,8 +166,9 @@ class Engine:
                 d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
             index, where = None, None
             if kind in TREE_KINDS and memory:
-                where = suffix_default_path(vocab_fingerprint(t)) if memory is True else Path(os.fspath(memory))
-                index = SuffixIndex.load(where, vocab=vocab_fingerprint(t)) if where.exists() else None
+                vocab = vocab_fingerprint(t)
+                where = suffix_default_path(vocab) if memory is True else Path(os.fspath(memory))
+                index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet
             eng = cls(t, d, drafter=drafter, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()

@@ -154,10 +154,7 @@ def shutdown(worker: "Worker", models: list[Any], memory: Any = None, memory_pat
     worker.shutdown()
     if memory is not None and memory_path is not None:
         try:
-            import os
-
-            os.makedirs(os.path.dirname(memory_path) or ".", exist_ok=True)
-            memory.save(memory_path)
+            memory.save(memory_path)  # creates the folder
         except OSError:
             pass  # the memory is a cache: losing it costs speed, never correctness
     for m in models:

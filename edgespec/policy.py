@@ -421,10 +421,11 @@ class TreePolicy(_LookupPolicy):
         self.cycles += 1
         self.nodes_drafted += n_nodes
         self.cost.update_verify(n_nodes + 1, t_verify)
-        factor = self.decay ** max(1, sum(1 for _, _, ok in tried if ok) + 1)
+        n_emitted = sum(1 for _, _, ok in tried if ok) + 1  # the accepted candidates and the target's own token
+        factor = self.decay**n_emitted
         self.rank_hits *= factor
         self.rank_tries *= factor
-        self.estimator.age(sum(1 for _, _, ok in tried if ok) + 1)
+        self.estimator.age(n_emitted)
         for depth, rank, ok in tried:
             self.tokens_accepted += int(ok)
             if rank == 0:

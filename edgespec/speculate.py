@@ -296,7 +296,8 @@ class _TreeRows(Sequence[Any]):
             if r < 0:
                 self._rows[i] = None
             else:
-                history = self.ctx + ([] if i == 0 else self.tree.path_tokens(i - 1))
+                # penalties read the history; without them, no copy of the context per row
+                history = self.ctx + ([] if i == 0 else self.tree.path_tokens(i - 1)) if self.sampling.uses_history else []
                 row = self.logits[r]
                 self._rows[i] = greedy_token(row, self.sampling, history) if self.sampling.greedy else warp(row, self.sampling, history)
         return self._rows[i]
