@@ -222,12 +222,6 @@ _DEFAULT_ALIGNMENT = 32
 _U64 = struct.Struct("<Q")
 
 
-def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
-    """Metadata key/values, tensor infos (name, dims, type id, offset) and the data section start."""
-    h = read_header(path)
-    return h.kv, [(t.name, t.dims, t.ttype, t.offset) for t in h.tensors], h.data_start
-
-
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse the GGUF header of `path` (magic and version are the caller's to check).
 

@@ -24,7 +24,6 @@ acceptance by draft position, drafting sources, the time split).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -111,10 +110,8 @@ class ServerState:
     records: deque = field(default_factory=deque)
     closing: bool = False
     live: set = field(default_factory=set)  # GenerationResponses being written
-    _spec_kw: bool = False  # Engine.stream accepts spec= (a per-generation SpecConfig)
 
     def set_engine(self, engine: Any) -> None:
-        self._spec_kw = "spec" in inspect.signature(engine.stream).parameters
         self.loaded_at = int(time.time())
         self.engine = engine
 
@@ -180,12 +177,6 @@ class ServerState:
         if n >= base.draft_max and not ngram_binds:
             return {}
         spec = replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
-        if not self._spec_kw:
-            raise schema.unsupported(
-                "draft_max",
-                f"this engine takes no per-request draft limit below the server's ({base.draft_max}, n-gram {base.ngram_draft_max}); "
-                "start the server with --draft-max N, or send \"speculative\": false (or \"draft_max\": 0) for plain decoding",
-            )
         return {"spec": spec}
 
 
