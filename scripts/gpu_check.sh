@@ -128,12 +128,7 @@ if [ "$HAVE_GPU" = 1 ]; then
   CC="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')"
   ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CC}-real -DGGML_CUDA_NCCL=OFF -DLLAVA_BUILD=OFF"
   ARGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
-  ARGS+=" -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-  for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 avx512_vbmi:AVX512_VBMI \
-           avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    case "$flags" in *" ${f%%:*} "*) ARGS+=" -DGGML_${f##*:}=ON";; esac
-  done
+  ARGS+=" -DLLAMA_OPENSSL=OFF $(. scripts/cmake_args.sh; cpu_cmake_args)"  # the host CPU's flags, as setup.sh sets them
   # cuBLAS: in the toolkit, or in Python's nvidia wheels (the toolkit of a pip-built image may lack it)
   NVCC_DIR="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
   CUBLAS="$(ls "$NVCC_DIR"/lib64/libcublas.so* "$NVCC_DIR"/targets/*/lib/libcublas.so* /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -1)"

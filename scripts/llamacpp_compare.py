@@ -48,35 +48,12 @@ def log(msg: str) -> None:
 
 # --------------------------------------------------------------------------------------------- build
 def detect_cmake_args() -> str:
-    """The flags scripts/setup.sh's detect_cmake_args picks (kept in step with it by hand: setup.sh has no
-    option to print them). EDGESPEC_CMAKE_ARGS replaces them entirely, as there."""
+    """The flags scripts/setup.sh builds with (scripts/cmake_args.sh; EDGESPEC_CMAKE_ARGS replaces them entirely)."""
     env = os.environ.get("EDGESPEC_CMAKE_ARGS")
     if env is not None:
         return env
-    import platform
-
-    if platform.system() == "Darwin":
-        return "-DGGML_METAL=on" if platform.machine() == "arm64" else ""
-    args: list[str] = []
-    if shutil.which("nvcc") and shutil.which("nvidia-smi"):
-        if subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
-            args.append("-DGGML_CUDA=on")
-    if platform.machine() == "x86_64" and os.access("/proc/cpuinfo", os.R_OK):
-        flags: set[str] = set()
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-        args += ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
-        for flag, opt in (("avx", "AVX"), ("avx2", "AVX2"), ("fma", "FMA"), ("f16c", "F16C"), ("bmi2", "BMI2"), ("avx_vnni", "AVX_VNNI")):
-            if flag in flags:
-                args.append(f"-DGGML_{opt}=ON")
-        if "avx512f" in flags:
-            args.append("-DGGML_AVX512=ON")
-            for flag, opt in (("avx512vbmi", "AVX512_VBMI"), ("avx512_vnni", "AVX512_VNNI"), ("avx512_bf16", "AVX512_BF16")):
-                if flag in flags:
-                    args.append(f"-DGGML_{opt}=ON")
-    return " ".join(args)
+    out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "cmake_args.sh")], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
 
 
 def run_logged(cmd: list[str], **kw: Any) -> None:

@@ -23,36 +23,7 @@ PY="${PYTHON:-python3}"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-detect_cmake_args() {
-  local os arch args=""
-  os="$(uname -s)"; arch="$(uname -m)"
-  if [ "$os" = "Darwin" ]; then
-    [ "$arch" = "arm64" ] && args="-DGGML_METAL=on"
-    echo "$args"; return
-  fi
-  if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    args="-DGGML_CUDA=on "
-  fi
-  if [ "$arch" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
-    local flags
-    flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-    has() { case "$flags" in *" $1 "*) return 0;; *) return 1;; esac; }
-    args+="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    has avx && args+=" -DGGML_AVX=ON"
-    has avx2 && args+=" -DGGML_AVX2=ON"
-    has fma && args+=" -DGGML_FMA=ON"
-    has f16c && args+=" -DGGML_F16C=ON"
-    has bmi2 && args+=" -DGGML_BMI2=ON"
-    has avx_vnni && args+=" -DGGML_AVX_VNNI=ON"
-    if has avx512f; then
-      args+=" -DGGML_AVX512=ON"
-      has avx512vbmi && args+=" -DGGML_AVX512_VBMI=ON"
-      has avx512_vnni && args+=" -DGGML_AVX512_VNNI=ON"
-      has avx512_bf16 && args+=" -DGGML_AVX512_BF16=ON"
-    fi
-  fi
-  echo "$args"
-}
+. "$ROOT/scripts/cmake_args.sh"  # cpu_cmake_args, detect_cmake_args
 
 CMAKE_FLAGS="${EDGESPEC_CMAKE_ARGS:-$(detect_cmake_args)}"
 PYVER="$("$PY" -c 'import sys,platform; print(f"{sys.version_info[0]}.{sys.version_info[1]}-{platform.machine()}-{sys.platform}")')"
