@@ -172,14 +172,6 @@ def virtual_time(clock: Clock) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------- fake models
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class TraceTarget:
     """The target as the loop sees it (speculate.LanguageModel): it answers every row with the recorded greedy
     trace's next token and charges verify(n) per decode of n tokens, overhead per cycle (at truncate)."""
@@ -291,8 +283,10 @@ class RecordedDraft:
         return logits_row(toks[self._i], conf[self._i])[None]
 
     def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
+        from edgespec.prompt_cache import common_prefix
+
         tokens = list(tokens)
-        keep = _common_prefix(self.cached, tokens)
+        keep = common_prefix(self.cached, tokens)
         if rows and keep == len(tokens):
             keep -= 1
         self.cached = tokens[:keep]
@@ -405,16 +399,14 @@ def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -
 def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
     """Per position t: how many tokens of the n-gram lookup's proposal the target would accept."""
     from edgespec.ngram import NgramIndex
+    from edgespec.prompt_cache import common_prefix
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
     idx = NgramIndex(spec.ngram_n_max, spec.ngram_n_min)
     out = []
     for t in range(len(trace)):
         m = idx.lookup(prompt + trace[:t], k_max)
-        r = 0
-        while r < len(m.tokens) and t + r < len(trace) and m.tokens[r] == trace[t + r]:
-            r += 1
-        out.append(r)
+        out.append(common_prefix(m.tokens, trace[t:]))
     return out
 
 

@@ -223,17 +223,6 @@ def make(spec: dict[str, Any], role: str, out: Path, *, ftype: str = "Q4_K_M", t
 
 
 # --------------------------------------------------------------------------------------------- compare
-def parse_sizes(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += list(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.append(int(part))
-    return sorted(set(out))
-
-
 def compare(paths: Sequence[str], sizes: Sequence[int], rounds: int, threads: int | None, n_gpu_layers: int) -> dict[str, Any]:
     """Verify curves of several files measured in interleaved rounds (each round: every file, every size once), so
     that machine noise hits all alike; medians per size."""
@@ -353,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.json:
             a.json.write_text(json.dumps(res, indent=1) + "\n")
     else:
+        from predict_speedup import parse_sizes  # next to this script
+
         res = compare(a.files, parse_sizes(a.sizes), a.rounds, a.threads, a.n_gpu_layers)
         print(format_compare(res))
         if a.json:
