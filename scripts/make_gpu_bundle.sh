@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make build/gpu-bundle/: what scripts/gpu_check.sh needs on an offline GPU machine, small enough to travel with the
-# working tree (the device tool carries at most 64 MiB in all; `carry: ["build/gpu-bundle"]`).
+# working tree to a machine without network (about 30 MiB; copy it along with the repository).
 #
 #   scripts/make_gpu_bundle.sh              # -> build/gpu-bundle (about 30 MiB), prints its size
 #   BUNDLE=/tmp/b scripts/make_gpu_bundle.sh
