@@ -40,7 +40,7 @@ from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, TREE_KINDS, make_speculator, model_draft_used
+from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, make_speculator, model_draft_used
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -101,7 +101,7 @@ class Engine:
             drafter = "model+ngram" if draft is not None else "none"
         if drafter not in DRAFTER_KINDS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
-        if drafter in ("model", "model+ngram", "model+suffix") and draft is None:
+        if drafter in MODEL_KINDS and draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model")
         if max_queue is not None:
             _check_int("max_queue", max_queue, 1)
@@ -336,7 +336,7 @@ class Engine:
             return self.drafter_kind
         if drafter not in DRAFTER_KINDS:
             raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
-        if drafter.startswith("model") and self.draft is None:
+        if drafter in MODEL_KINDS and self.draft is None:
             raise ConfigError(f"drafter {drafter!r} needs a draft model, and this engine has none")
         if drafter in TREE_KINDS and (self.memory is None or self.target.tree_paths < self.spec.tree_nodes):
             raise ConfigError(f"drafter {drafter!r} needs an engine loaded with a suffix drafter")

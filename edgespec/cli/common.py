@@ -86,6 +86,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     from ..engine import Engine
     from ..gguf_check import check_pair, inspect_gguf
     from ..models import resolve_model
+    from ..speculators import MODEL_KINDS
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -121,7 +122,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
             dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx)
-        elif drafter in ("model", "model+ngram", "model+suffix"):
+        elif drafter in MODEL_KINDS:
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
         elif drafter == "auto":
             drafter = "ngram" if target is not None else "none"

@@ -23,13 +23,14 @@ from .model import DraftModel, ModelSpeculator
 from .suffix import SuffixSpeculator
 
 KINDS = ("model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
-TREE_KINDS = ("suffix", "model+suffix")
+TREE_KINDS = ("suffix", "model+suffix")  # need a memory and a target loaded with tree sequences
+MODEL_KINDS = ("model", "model+ngram", "model+suffix")  # need a draft model
 
 
 def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel) -> bool:
     """Whether a speculator of this kind would run the draft model at all on these costs: never for "ngram" and
     "none"; for the others only where the hardware gate says a draft model can pay (or the draft length is fixed)."""
-    if kind not in ("model", "model+ngram", "model+suffix") or spec.draft_max == 0:
+    if kind not in MODEL_KINDS or spec.draft_max == 0:
         return False
     return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min)
 
@@ -70,6 +71,7 @@ def make_speculator(
 __all__ = [
     "KINDS",
     "TREE_KINDS",
+    "MODEL_KINDS",
     "Proposal",
     "Outcome",
     "Speculator",
