@@ -107,9 +107,12 @@ class ServerState:
     load_error: str | None = None
     loaded_at: int = 0
     metrics: Metrics = field(default_factory=Metrics)
-    records: deque = field(default_factory=deque)
+    records: deque = field(init=False)  # the last settings.history RequestRecords
     closing: bool = False
     live: set = field(default_factory=set)  # GenerationResponses being written
+
+    def __post_init__(self) -> None:
+        self.records = deque(maxlen=self.settings.history)
 
     def set_engine(self, engine: Any) -> None:
         self.loaded_at = int(time.time())
@@ -363,9 +366,19 @@ def create_app(
         finally:
             state.shutdown()
 
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completions", completions, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
     origins = list(settings.cors_origins)
     middleware = [
-        Middleware(CountResponses, metrics=state.metrics),
+        Middleware(CountResponses, metrics=state.metrics, routes=frozenset(r.path for r in routes)),
         Middleware(HostCheck, host=settings.host),
         Middleware(
             CORSMiddleware,
@@ -376,16 +389,6 @@ def create_app(
             max_age=600,
         ),
         Middleware(BearerAuth, key=settings.api_key),
-    ]
-    routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/completions", completions, methods=["POST"]),
-        Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,

@@ -12,7 +12,6 @@ from .responses import error_response
 from .schema import APIError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
-ROUTES = ("/health", "/v1/models", "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/metrics")
 
 
 class HostCheck:
@@ -56,15 +55,16 @@ class BearerAuth:
 class CountResponses:
     """HTTP responses by route and status for /metrics (unknown paths are one label)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = scope["path"] if scope["path"] in self.routes else "other"
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

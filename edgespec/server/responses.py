@@ -274,9 +274,7 @@ class GenerationResponse:
             m.cancel_overrun_max = max(m.cancel_overrun_max, rec.overrun)
         finish = "error" if err is not None else FINISH.get(stats.stop_reason, "cancelled")
         m.record_generation(stats, finish)
-        self.state.records.append(rec)
-        while len(self.state.records) > self.state.settings.history:
-            self.state.records.popleft()
+        self.state.records.append(rec)  # a deque of at most settings.history
 
 
 async def _send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
