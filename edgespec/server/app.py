@@ -46,7 +46,7 @@ from ..errors import ConfigError, EdgespecError, EngineClosedError, QueueFullErr
 from . import schema
 from .guards import BearerAuth, CountResponses, HostCheck
 from .metrics import Metrics
-from .responses import JSON, GenerationResponse, edgespec_stats, error_response, timings, usage
+from .responses import JSON, GenerationResponse, api_error, edgespec_stats, error_response, timings, usage
 from .schema import APIError, CompletionRequest
 
 log = logging.getLogger("edgespec.server")
@@ -308,8 +308,8 @@ async def _generate(request: Request, parse: Callable[[Mapping[str, Any]], Compl
     except (ConfigError, TemplateError) as e:
         state.metrics.rejected["invalid"] += 1
         raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt") from None
-    except EngineClosedError:
-        raise APIError(503, "the server is shutting down", code="shutting_down") from None
+    except EngineClosedError as e:
+        raise api_error(e) from None
     record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=n_prompt, max_tokens=max_tokens)
     response = GenerationResponse(state, req, gen, record)
     record.id = response.id

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, TemplateError
 from . import sse
 from .schema import APIError, CompletionRequest
 
@@ -154,15 +154,9 @@ class GenerationResponse:
             self._track(chunk)
         if self.client_left:
             return
-        err = self._error()
-        if err is not None:
-            api = _api_error(err)
+        api, reason = self._outcome()
+        if api is not None:
             await _send_json(send, api.status, api.body(), api.headers)
-            return
-        reason = FINISH.get(self.gen.finish_reason)
-        if reason is None:  # cancelled by the server (shutting down), not by this client
-            api = APIError(503, "the generation was cancelled: the server is shutting down", code="shutting_down")
-            await _send_json(send, api.status, api.body())
             return
         stats = self.gen.stats
         text = self.gen.text
@@ -237,12 +231,9 @@ class GenerationResponse:
                 await body(head + sse.dumps(chunk.text) + tail)
         if self.client_left:
             return
-        err = self._error()
-        reason = FINISH.get(self.gen.finish_reason)
-        if err is None and reason is None:
-            err = APIError(503, "the generation was cancelled: the server is shutting down", code="shutting_down")
-        if err is not None:
-            await body(sse.event(_api_error(err).body()))
+        api, reason = self._outcome()
+        if api is not None:
+            await body(sse.event(api.body()))
         else:
             stats = self.gen.stats
             extra = self._stats_fields()
@@ -255,6 +246,17 @@ class GenerationResponse:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # -- bookkeeping
+    def _outcome(self) -> tuple[APIError | None, str]:
+        """How the finished generation ends for this client: an error (the engine's, or a cancel by the server that
+        is shutting down, not by this client), else the OpenAI finish reason."""
+        err = self._error()
+        if err is not None:
+            return api_error(err), ""
+        reason = FINISH.get(self.gen.finish_reason)
+        if reason is None:
+            return APIError(503, "the generation was cancelled: the server is shutting down", code="shutting_down"), ""
+        return None, reason
+
     def _finish(self) -> None:
         self.state.live.discard(self)
         m = self.state.metrics
@@ -285,7 +287,7 @@ async def _send_json(send: Send, status: int, body: Any, headers: Mapping[str, s
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-def _api_error(e: BaseException) -> APIError:
+def api_error(e: BaseException) -> APIError:
     """An exception from the engine as the HTTP error a client should see."""
     if isinstance(e, APIError):
         return e
@@ -293,8 +295,6 @@ def _api_error(e: BaseException) -> APIError:
         return APIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, (ConfigError, TemplateError)):
         return APIError(400, str(e))
-    if isinstance(e, QueueFullError):
-        return APIError(503, f"the server is busy: {e}", code="queue_full")
     if isinstance(e, EngineClosedError):
         return APIError(503, "the server is shutting down", code="shutting_down")
     if isinstance(e, EdgespecError):
@@ -313,4 +313,4 @@ def error_response(e: APIError) -> Response:
 
 
 
-__all__ = ["GenerationResponse", "usage", "timings", "edgespec_stats", "JSON", "error_response", "FINISH"]
+__all__ = ["GenerationResponse", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]
