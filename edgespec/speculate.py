@@ -170,14 +170,16 @@ def speculate(
     should_stop: Callable[[], bool] | None = None,
     on_prefill: Callable[[int, int], None] | None = None,
     after_cycle: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Generator[Step, None, None]:
     """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle.
 
     Stops at an end-of-generation token (included in the last step), at max_tokens, when the context is full, or
     when `should_stop()` turns true (checked before every cycle and between prefill chunks); stats.stop_reason says
     which ("eos", "length", "context", "cancelled"). `on_prefill(done, total)` reports prefill progress;
-    `after_cycle()` runs between cycles (the engine re-measures costs there when they turn out wrong). The caller
-    may stop iterating at any time; the target's cache stays consistent.
+    `after_cycle()` runs between cycles (the engine re-measures costs there when they turn out wrong). `clock()` gives
+    the seconds the stats and the policies see (a replay passes a virtual clock). The caller may stop iterating at
+    any time; the target's cache stays consistent.
     """
     if not tokens:
         raise ConfigError("speculate needs at least one context token")
@@ -187,7 +189,7 @@ def speculate(
     ctx = [int(t) for t in tokens]
     if min(ctx) < 0 or max(ctx) >= target.n_vocab:
         raise ConfigError(f"token ids must be in [0, {target.n_vocab}) for this model")
-    start = time.perf_counter()
+    start = clock()
     stats.n_prompt = len(ctx)
     if len(ctx) > target.n_ctx:
         raise ContextFullError(f"the prompt has {len(ctx)} tokens but the context holds {target.n_ctx}")
@@ -202,7 +204,7 @@ def speculate(
         finally:
             stats.n_prefill = target.n_decoded - before
             stats.n_cached = len(ctx) - stats.n_prefill
-            stats.timings.prefill = time.perf_counter() - start
+            stats.timings.prefill = clock() - start
         n_gen = 0
         while True:
             if n_gen >= max_tokens:
@@ -216,10 +218,10 @@ def speculate(
             if should_stop is not None and should_stop():
                 stats.stop_reason = "cancelled"
                 return
-            t0 = time.perf_counter()
+            t0 = clock()
             budget = room - 1  # drafted tokens: each accepted one plus the target's own must fit
             proposal = speculator.propose(ctx, budget, rng) if speculator is not None and budget > 0 else Proposal()
-            t1 = time.perf_counter()
+            t1 = clock()
             if proposal.tree is not None and len(proposal.tree):
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
@@ -228,7 +230,7 @@ def speculate(
             else:
                 new, n_drafted, n = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending)
                 pending = None
-            t2 = time.perf_counter()
+            t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens: its time must not teach the costs
             t_verify = t2 - t1 if stats.n_cycles else 0.0
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
@@ -239,7 +241,7 @@ def speculate(
             source = proposal.source if n_drafted else "plain"
             n_kept = min(n, len(new))
             if stats.n_cycles == 0:
-                stats.ttft = time.perf_counter() - start
+                stats.ttft = clock() - start
             stats.record_cycle(n_drafted, n_kept, len(new), source, t1 - t0, t2 - t1)
             if speculator is not None:
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
@@ -252,7 +254,7 @@ def speculate(
             if after_cycle is not None:
                 after_cycle()
     finally:
-        stats.finish(time.perf_counter() - start)
+        stats.finish(clock() - start)
 
 
 def _chain_cycle(

@@ -41,14 +41,13 @@ and its curve up to 17 tokens (for catch-ups).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -154,21 +153,6 @@ class Clock:
 
     def perf_counter(self) -> float:
         return self.now
-
-
-@contextlib.contextmanager
-def virtual_time(clock: Clock) -> Iterator[None]:
-    """speculate.py reads `time.perf_counter()` through its module's `time`; point that at the clock."""
-    import edgespec.speculate as S
-
-    if not hasattr(S, "time") or not hasattr(S.time, "perf_counter"):
-        raise RuntimeError("edgespec.speculate no longer reads time.perf_counter through `time`: update the predictor")
-    real = S.time
-    S.time = clock  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        S.time = real
 
 
 # --------------------------------------------------------------------------------------------- fake models
@@ -369,10 +353,9 @@ def run_one(
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
     max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" else len(trace)
-    with virtual_time(clock):
-        out: list[int] = []
-        for step in speculate(target, prompt, sampling, None, max_tokens=max_tokens, speculator=speculator, stats=stats):
-            out += step.tokens
+    out: list[int] = []
+    for step in speculate(target, prompt, sampling, None, max_tokens=max_tokens, speculator=speculator, stats=stats, clock=clock.perf_counter):
+        out += step.tokens
     if out != trace[: len(out)] or len(out) != len(trace):
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
