@@ -135,13 +135,15 @@ def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
     return time.perf_counter() - t0
 
 
-def _run_one(engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool) -> dict[str, Any]:
-    """One generation from an empty target cache: its stats (the draft's prompt processing, when it was done apart,
-    in seconds.draft_prefill: before the generation, so in neither its prefill nor its decode time), token ids and
-    text."""
-    warm = speculative and not cold_draft and engine.model_draft_pays
+def _run_one(
+    engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool, drafter: str | None = None
+) -> dict[str, Any]:
+    """One generation from an empty target cache (with `drafter`, default the engine's): its stats (the draft's
+    prompt processing, when it was done apart, in seconds.draft_prefill: before the generation, so in neither its
+    prefill nor its decode time), token ids and text."""
+    warm = speculative and not cold_draft and engine.model_draft_used(drafter)
     draft_prefill = engine.submit(lambda e: _prepare(e, ctx, warm)).result()
-    r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative)
+    r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative, drafter=drafter)
     d = r.stats.as_dict()
     d["seconds"]["draft_prefill"] = round(draft_prefill, 4)
     if not speculative:
@@ -234,7 +236,7 @@ def run_bench(
         ctx = prepared[0][3]
         for spec_side in (False, True):
             _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
-    costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_pays}
+    costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_used()}
     records: list[dict[str, Any]] = []
     pair_no = 0
     for n, (suite, i, entry, ctx) in enumerate(prepared):

@@ -270,13 +270,13 @@ class Engine:
         return toks
 
     # ----------------------------------------------------------------------------- generation
-    @property
-    def model_draft_pays(self) -> bool:
-        """Whether generations would run the draft model at all: False without one, or where the hardware gate
-        (costs.draft_model_pays on the live costs) says it cannot pay; "model+ngram" then runs the lookup alone."""
+    def model_draft_used(self, drafter: str | None = None) -> bool:
+        """Whether a generation with `drafter` (default: the engine's) would run the draft model at all: False without
+        one, or where the hardware gate (costs.draft_model_pays on the live costs) says it cannot pay;
+        "model+ngram" then runs the lookup alone."""
         if self.draft is None:
             return False
-        return model_draft_used(self.drafter_kind, self.spec, CostModel(self.curve, c_draft=self.draft_cost))
+        return model_draft_used(drafter or self.drafter_kind, self.spec, CostModel(self.curve, c_draft=self.draft_cost))
 
     def stream(
         self,

@@ -211,7 +211,7 @@ def main() -> None:
         return
 
     from edgespec.backend import default_threads
-    from edgespec.bench import _prepare, load_suites
+    from edgespec.bench import _run_one, load_suites
     from edgespec.config import ModelSpec, SamplingParams, SpecConfig
     from edgespec.engine import Engine
     from edgespec.models import resolve_model
@@ -241,8 +241,8 @@ def main() -> None:
     ours = {"edgespec plain": None, "edgespec default": default_kind, "edgespec ngram": "ngram", "edgespec suffix": "suffix"}
 
     def run_ours(ctx: list[int], kind: str | None) -> dict[str, Any]:
-        eng.submit(lambda e: _prepare(e, ctx, False)).result()
-        st = eng.generate(tokens=ctx, sampling=greedy, max_tokens=n, speculative=kind is not None, drafter=kind).stats
+        # as edgespec bench runs it: empty caches, the draft's prompt processed apart where the draft model runs
+        st = _run_one(eng, ctx, greedy, n, kind is not None, cold_draft=False, drafter=kind)["record"]
         return {"tokens": st.n_generated, "seconds": st.decode_seconds, "prompt_tokens": st.n_prompt,
                 "n_drafted": st.n_drafted, "n_accept": st.n_accepted, "sources": st.source_counts}
 
