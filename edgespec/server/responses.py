@@ -266,7 +266,7 @@ class GenerationResponse:
         err = self._error() if self.gen.done else None
         rec.done = self.gen.done
         rec.n_generated = len(self.gen.token_ids)
-        rec.started = bool(stats.stop_reason) or err is not None
+        rec.started = self.gen.started
         rec.finish_reason = "error" if err is not None else (stats.stop_reason or "cancelled")
         if err is not None:
             rec.error = str(err)
