@@ -45,7 +45,7 @@ import gzip
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -295,29 +295,6 @@ class RecordedDraft:
 
 
 # --------------------------------------------------------------------------------------------- replay
-@dataclass
-class Side:
-    """Summed results of one drafter kind over some prompts."""
-
-    tokens: int = 0
-    seconds: float = 0.0
-    cycles: int = 0
-    spec_cycles: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    sources: dict[str, int] = field(default_factory=dict)
-
-    def add(self, stats: Any, seconds: float) -> None:
-        self.tokens += stats.n_generated
-        self.seconds += seconds
-        self.cycles += stats.n_cycles
-        self.spec_cycles += stats.n_spec_cycles
-        self.drafted += stats.n_drafted
-        self.accepted += stats.n_accepted
-        for k, v in stats.source_counts.items():
-            self.sources[k] = self.sources.get(k, 0) + v
-
-
 class EngineState:
     """What an Engine carries from one generation to the next: its live verify curve and the draft's cost."""
 
@@ -330,8 +307,9 @@ class EngineState:
 
 def run_one(
     rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: EngineState, spec: Any
-) -> tuple[Any, float]:
-    """Replay one recorded prompt with drafter `kind` (None = plain decoding): (GenerationStats, decode seconds)."""
+) -> tuple[Any, bool]:
+    """Replay one recorded prompt with drafter `kind` (None = plain decoding): its GenerationStats (decode seconds on
+    the virtual clock) and whether the loop's prefill computed the last prompt token's logits."""
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
@@ -360,8 +338,7 @@ def run_one(
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
         state.draft_cost = cm.c_draft
-    stats.prefill_gave_logits = target.prefill_rows  # type: ignore[attr-defined]
-    return stats, clock.now
+    return stats, target.prefill_rows
 
 
 def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int]:
@@ -435,61 +412,52 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
     prompts = [p for p in data["prompts"] if not suites or p["suite"] in suites]
     if not prompts:
         raise ValueError(f"no recorded prompts for suites {list(suites)}")
+    from edgespec.stats import Totals
+
     states = {k: EngineState(cost) for k in kinds}
     plain_state = EngineState(cost)
+
+    def new_sums() -> dict[str, Any]:
+        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}}
+
     per_suite: dict[str, dict[str, Any]] = {}
+    total = new_sums()
     oracle_cap = max(spec.draft_max, 1)
     for rec in prompts:
-        s = per_suite.setdefault(rec["suite"], {"prompts": 0, "plain": Side(), **{k: Side() for k in kinds},
-                                                 "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}})
-        s["prompts"] += 1
-        st, sec = run_one(rec, data, None, cost, plain_state, spec)
-        s["plain"].add(st, sec)
-        first = bool(getattr(st, "prefill_gave_logits", False))
-        for k in kinds:
-            st, sec = run_one(rec, data, k, cost, states[k], spec)
-            s[k].add(st, sec)
+        sums = (per_suite.setdefault(rec["suite"], new_sums()), total)
+        st, first = run_one(rec, data, None, cost, plain_state, spec)
+        runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec)[0] for k in kinds}}
         n = len(rec["trace"])
         mr = model_matches(rec, data, oracle_cap)
         nr = ngram_matches(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
         P = len(rec["prompt"])
-        s["oracle"]["model"] += oracle_seconds(n, cost, mr, None, first, P)
-        s["oracle"]["ngram"] += oracle_seconds(n, cost, None, nr, first, P)
-        s["oracle"]["model+ngram"] += oracle_seconds(n, cost, mr, nr, first, P)
+        oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
+                  "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
+        for s in sums:
+            s["prompts"] += 1
+            for k, r in runs.items():
+                s[k].add(r)
+            for k, v in oracle.items():
+                s["oracle"][k] += v
 
     def summary(s: dict[str, Any]) -> dict[str, Any]:
-        plain: Side = s["plain"]
-        out: dict[str, Any] = {"prompts": s["prompts"], "tokens": plain.tokens, "plain_seconds": round(plain.seconds, 6)}
+        plain: Totals = s["plain"]
+        out: dict[str, Any] = {"prompts": s["prompts"], "tokens": plain.n_generated, "plain_seconds": round(plain.decode_seconds, 6)}
         for k in kinds:
-            side: Side = s[k]
+            side: Totals = s[k]
             out[k] = {
-                "speedup": round(plain.seconds / side.seconds, 4),
-                "seconds": round(side.seconds, 6),
-                "cycles": side.cycles,
-                "spec_cycles": side.spec_cycles,
-                "drafted": side.drafted,
-                "accepted": side.accepted,
-                "acceptance": round(side.accepted / side.drafted, 4) if side.drafted else None,
-                "sources": dict(sorted(side.sources.items())),
+                "speedup": round(plain.decode_seconds / side.decode_seconds, 4),
+                "seconds": round(side.decode_seconds, 6),
+                "cycles": side.n_cycles,
+                "spec_cycles": side.n_spec_cycles,
+                "drafted": side.n_drafted,
+                "accepted": side.n_accepted,
+                "acceptance": round(side.acceptance, 4) if side.n_drafted else None,
+                "sources": dict(sorted(side.source_counts.items())),
             }
-        out["oracle"] = {k: round(plain.seconds / v, 4) for k, v in s["oracle"].items()}
+        out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items()}
         return out
 
-    total: dict[str, Any] = {"prompts": 0, "plain": Side(), **{k: Side() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}}
-    for s in per_suite.values():
-        total["prompts"] += s["prompts"]
-        for k in ["plain", *kinds]:
-            a, b = total[k], s[k]
-            a.tokens += b.tokens
-            a.seconds += b.seconds
-            a.cycles += b.cycles
-            a.spec_cycles += b.spec_cycles
-            a.drafted += b.drafted
-            a.accepted += b.accepted
-            for src, v in b.sources.items():
-                a.sources[src] = a.sources.get(src, 0) + v
-        for k, v in s["oracle"].items():
-            total["oracle"][k] += v
     cm = CostModel(cost.verify, c_draft=cost.draft)
     gate = draft_model_pays(cm, max(spec.draft_max, 1), spec.draft_min)
     return {
