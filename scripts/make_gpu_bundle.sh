@@ -29,17 +29,10 @@ LIMIT_MIB="${BUNDLE_LIMIT_MIB:-48}"
 
 log() { printf '[bundle] %s\n' "$*" >&2; }
 
-find_sdist() {
-  local ref="/work/ref/llama_cpp_python-$VERSION"
-  if [ -f "$ref/pyproject.toml" ] && [ -d "$ref/vendor/llama.cpp/ggml" ]; then echo "$ref"; return; fi
-  local dir="$CACHE/llamacpp/src/llama_cpp_python-$VERSION"
-  if [ ! -f "$dir/pyproject.toml" ]; then
-    log "downloading the llama-cpp-python $VERSION sdist"
-    mkdir -p "$CACHE/llamacpp/sdist" "$CACHE/llamacpp/src"
-    "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$CACHE/llamacpp/sdist" >&2
-    tar -xzf "$CACHE/llamacpp/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$CACHE/llamacpp/src"
-  fi
-  echo "$dir"
+find_sdist() {  # the sdist's root, downloaded and unpacked once (llamacpp_compare.py's cache, shared with it)
+  "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1])
+from llamacpp_compare import fetch_sources
+print(fetch_sources(Path(sys.argv[2]), sys.argv[3]).parent.parent)' "$ROOT/scripts" "$CACHE/llamacpp" "$VERSION" | tail -n 1
 }
 
 SRC="$(find_sdist)"
