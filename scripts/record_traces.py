@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "data" / "traces.json.gz"
@@ -46,18 +45,12 @@ FORMAT = 1
 CONF_SCALE = 10_000  # confidences are stored as round(p * CONF_SCALE)
 
 
-def top_probability(logits: np.ndarray) -> float:
-    """max softmax(logits), as speculators.model.top_probability computes it."""
-    from edgespec.speculators.model import top_probability as tp
-
-    return tp(logits)
-
-
 def record_segments(draft: Any, context: list[int], trace: list[int], draft_len: int) -> list[list[Any]]:
     """The draft's greedy continuations at every position of `trace` after `context`, as segments (see the module
     docstring). `draft` is a backend.Model (or anything with reset/sync/decode/truncate/is_eog/n_past)."""
     from edgespec.sampling import greedy as greedy_token
     from edgespec.config import SamplingParams
+    from edgespec.speculators.model import top_probability
 
     params = SamplingParams(temperature=0)
     segments: list[list[Any]] = []
@@ -89,8 +82,9 @@ def record_segments(draft: Any, context: list[int], trace: list[int], draft_len:
     return segments
 
 
-def continuation(segments: list[list[Any]], t: int, draft_len: int, is_eog: Any = None) -> tuple[list[int], list[float]]:
-    """Position t's recorded continuation (tokens, confidences) from a prompt's segments."""
+def continuation(segments: list[list[Any]], t: int, draft_len: int) -> tuple[list[int], list[float]]:
+    """Position t's recorded continuation (tokens, confidences) from a prompt's segments (a segment ends at the
+    draft's end-of-generation token, so the continuation does too)."""
     lo, hi = 0, len(segments)
     while hi - lo > 1:  # the last segment with t0 <= t
         mid = (lo + hi) // 2
