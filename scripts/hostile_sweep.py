@@ -265,7 +265,7 @@ def run_caches(s: Sweep, tiny: dict[str, Path]) -> None:
     path.rmdir()
 
 
-def run_templates(s: Sweep) -> None:
+def run_templates(s: Sweep, tiny: dict[str, Path]) -> None:  # every category takes the tiny models
     from edgespec.chat_template import render
 
     hostile = {
@@ -374,7 +374,7 @@ def main() -> int:
         for name, fn in CATEGORIES.items():
             if args.only and name not in args.only:
                 continue
-            fn(s, tiny) if name != "templates" else fn(s)  # type: ignore[call-arg]
+            fn(s, tiny)
         held = sum(r["held"] for r in s.rows)
         print(f"\n{len(s.rows)} hostile inputs tried, {held} held, {len(s.rows) - held} failed")
         by_cat: dict[str, list[int]] = {}

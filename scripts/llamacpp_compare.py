@@ -261,7 +261,7 @@ def main() -> None:
             if "prompt" in entry:
                 text = entry["prompt"]
             else:
-                text = "".join(t for t, _ in eng.chat_segments(entry["messages"]))
+                text = eng.render(entry["messages"])
             steps: list[tuple[str, Any]] = [(name, fn) for name, fn in tools.items()] + list(ours.items())
             if k % 2:
                 steps.reverse()  # alternate the order so that slow phases of the machine hit every method
