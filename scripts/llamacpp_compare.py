@@ -84,11 +84,15 @@ def fetch_sources(cache: Path, version: str) -> Path:
     return src
 
 
+def build_dir(cache: Path, version: str, flags: str) -> Path:
+    """Where build() keeps the tools of this llama-cpp-python version built with these CMake flags."""
+    return cache / f"build-{version}-{hashlib.sha256(f'{version}|{flags}'.encode()).hexdigest()[:12]}"
+
+
 def build(cache: Path, version: str, jobs: int) -> Path:
     """Build the three tools (once per version and flag set); return the folder holding the binaries."""
     flags = detect_cmake_args()
-    key = hashlib.sha256(f"{version}|{flags}".encode()).hexdigest()[:12]
-    bdir = cache / f"build-{version}-{key}"
+    bdir = build_dir(cache, version, flags)
     bin_dir = bdir / "bin"
     if all((bin_dir / t).is_file() for t in TARGETS):
         log(f"reusing llama.cpp tools in {bin_dir}")

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -98,16 +97,14 @@ def _engine_per_decode(eng: Any, prompt: list[int], n: int) -> float:
     return st.decode_seconds / max(st.n_generated - 1, 1)
 
 
-def llama_bench_ms(bin_dir: Path, target: str, n: int, depth: int, threads: int) -> float | None:
-    exe = bin_dir / "llama-bench"
-    if not exe.is_file():
+def llama_bench_seconds(bin_dir: Path, target: str, n: int, depth: int, threads: int) -> float | None:
+    """Seconds a token by llama-bench (tg at this depth), where llamacpp_compare.py built it for this machine."""
+    from llamacpp_compare import llama_bench  # next to this script
+
+    if not (bin_dir / "llama-bench").is_file():
         return None
-    cmd = [str(exe), "-m", target, "-p", "0", "-n", str(n), "-d", str(depth), "-t", str(threads), "-r", "1", "-o", "json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        return None
-    rows = json.loads(p.stdout)
-    return 1000.0 / float(rows[0]["avg_ts"])
+    r = llama_bench(bin_dir, Path(target), n, threads, 1, depth)
+    return None if "error" in r else 1.0 / r["tokens_per_second"]
 
 
 def main() -> None:
@@ -135,8 +132,10 @@ def main() -> None:
     d = Model(ModelSpec(draft, n_ctx=n_ctx, n_threads=threads))
     eng = Engine(Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads)), None, drafter="none")
     eng.submit(lambda _: d.decode(list(range(100, 116)), 0)).result()  # the draft has run, as after calibration
-    bins = sorted((cache_dir() / "llamacpp").glob("build-*/bin"))
-    bin_dir = bins[-1] if bins else Path("/nonexistent")
+    import llama_cpp
+    from llamacpp_compare import build_dir, detect_cmake_args
+
+    bin_dir = build_dir(cache_dir() / "llamacpp", llama_cpp.__version__, detect_cmake_args()) / "bin"  # the flags setup.sh uses
     rng = np.random.default_rng(0)
     # Every in-process configuration decodes on the engine's worker thread: llama.cpp's OpenMP keeps a thread pool
     # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks.md).
@@ -146,7 +145,7 @@ def main() -> None:
         "model": lambda p: on_worker(lambda _: model_loop(m, p, args.tokens)).result(),
         "model+draft": lambda p: on_worker(lambda _: model_loop(m2, p, args.tokens)).result(),
         "engine": lambda p: _engine_per_decode(eng, p, args.tokens),
-        "llama-bench": lambda p: (lambda ms: None if ms is None else ms / 1000.0)(llama_bench_ms(bin_dir, target, args.tokens, len(p), threads)),
+        "llama-bench": lambda p: llama_bench_seconds(bin_dir, target, args.tokens, len(p), threads),
     }
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only}
