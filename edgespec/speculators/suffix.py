@@ -51,8 +51,9 @@ class SuffixSpeculator:
         if not len(tree):
             return Proposal()
         self._last = (tree, found.run)
-        if all(len(tree.children(i)) <= 1 for i in range(len(tree))) and len(tree.children(ROOT)) == 1:
-            chain = [tree.token(i) for i in tree.paths()[0]]  # one path: verify it as a chain (no tree sequences)
+        paths = tree.paths()
+        if len(paths) == 1:  # one path: verify it as a chain (no tree sequences)
+            chain = [tree.token(i) for i in paths[0]]
             return Proposal(tokens=chain, q=[None] * len(chain), source=self.name)
         return Proposal(source=self.name, tree=tree)
 
