@@ -60,6 +60,7 @@ def serve(**kw: Any) -> None:
     import uvicorn
 
     from ..server import Settings, create_app
+    from ..server.guards import is_loopback
 
     host, port, api_key = kw.pop("host"), kw.pop("port"), kw.pop("api_key")
     max_queue, prompt_cache_mb = kw.pop("max_queue"), kw.pop("prompt_cache_mb")
@@ -70,7 +71,7 @@ def serve(**kw: Any) -> None:
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
     click.echo(f"edgespec: listening on http://{shown}:{bound[1]} (OpenAI base URL http://{shown}:{bound[1]}/v1); loading the models...", err=True)
-    if settings.api_key is None and not _loopback(host):
+    if settings.api_key is None and not is_loopback(host):
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the models", err=True)
 
     failure: list[BaseException] = []
@@ -107,8 +108,3 @@ def serve(**kw: Any) -> None:
     if not server.started:
         sys.exit(1)
 
-
-def _loopback(host: str) -> bool:
-    from ..server.guards import _is_loopback
-
-    return _is_loopback(host)

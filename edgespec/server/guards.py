@@ -19,7 +19,7 @@ class HostCheck:
 
     def __init__(self, app: ASGIApp, host: str) -> None:
         self.app = app
-        self.active = _is_loopback(host)
+        self.active = is_loopback(host)
         self.allowed = LOOPBACK_NAMES | {host.lower()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -88,7 +88,7 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     h = host.strip("[]").lower()
     if h == "localhost":
         return True
@@ -99,4 +99,4 @@ def _is_loopback(host: str) -> bool:
 
 
 
-__all__ = ["HostCheck", "BearerAuth", "CountResponses", "LOOPBACK_NAMES"]
+__all__ = ["HostCheck", "BearerAuth", "CountResponses", "LOOPBACK_NAMES", "is_loopback"]
