@@ -107,4 +107,3 @@ def serve(**kw: Any) -> None:
         raise EdgespecError(str(e) if isinstance(e, EdgespecError) else f"the model failed to load: {type(e).__name__}: {e}")
     if not server.started:
         sys.exit(1)
-
