@@ -117,37 +117,60 @@ class ThreadServer:
         self.thread.join(10)
 
 
-class ProcessServer:
-    def __init__(self, args: argparse.Namespace, target: str, draft: str | None) -> None:
-        cmd = [sys.executable, "-m", "edgespec", "serve", "--target", target, "--port", "0", "--ctx", str(args.ctx), "--log-level", "warning",
-               "--n-gpu-layers", str(args.ngl)]
-        cmd += ["--draft", draft] if draft else ["--no-draft"]
-        if args.fixed_k:
-            cmd += ["--fixed-k", "--draft-max", str(args.fixed_k)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stderr is not None
+class ServeProcess:
+    """`python -m edgespec serve ARGS --port 0` in a child process (also the load test's server): started when its
+    "listening on" line names the URL and /health answers 200, each within `timeout` seconds (RuntimeError with the
+    server's stderr otherwise); stop() terminates it, then kills it."""
+
+    def __init__(self, args: list[str], timeout: float = 60.0) -> None:
+        cmd = [sys.executable, "-m", "edgespec", "serve", *args, "--port", "0"]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
         self.url = ""
-        for line in self.proc.stderr:
-            m = re.search(r"listening on (http://\S+?) ", line)
-            if m:
-                self.url = m.group(1)
-                break
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+        found = threading.Event()
+
+        def drain() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                m = re.search(r"listening on (http://\S+?) ", line)
+                if m and not found.is_set():
+                    self.url = m.group(1)
+                    found.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not found.wait(timeout):
+            self.stop()
+            raise RuntimeError("the server did not start:\n" + "".join(self.lines))
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 if httpx.get(self.url + "/health").status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            if self.proc.poll() is not None:
-                raise SystemExit("the server exited")
-            time.sleep(0.1)
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("the server did not get ready:\n" + "".join(self.lines))
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def process_server(args: argparse.Namespace, target: str, draft: str | None) -> ServeProcess:
+    cmd = ["--target", target, "--ctx", str(args.ctx), "--log-level", "warning", "--n-gpu-layers", str(args.ngl)]
+    cmd += ["--draft", draft] if draft else ["--no-draft"]
+    if args.fixed_k:
+        cmd += ["--fixed-k", "--draft-max", str(args.fixed_k)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    return ServeProcess(cmd, timeout=900)  # the real pair loads and measures its costs first
 
 
 def run_inprocess(engine: Engine, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
@@ -213,7 +236,7 @@ def main() -> None:
 
     sc = SpecConfig(draft_max=args.fixed_k, adaptive=False) if args.fixed_k else None
     engine = Engine.load(spec(target), spec(draft) if draft else None, spec=sc)
-    server = ThreadServer(engine) if args.mode == "thread" else ProcessServer(args, target, draft)
+    server = ThreadServer(engine) if args.mode == "thread" else process_server(args, target, draft)
     print(f"{what}: {os.path.basename(target)}" + (f" + {os.path.basename(draft)}" if draft else "") + f"; server in a {args.mode}", flush=True)
     rows = []
     client = httpx.Client(timeout=600)

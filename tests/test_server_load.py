@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import re
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from bench_server import ServeProcess  # noqa: E402 - the server harness the benchmark uses too
 
 CLIENTS = 8
 PER_CLIENT = 5
@@ -33,40 +32,13 @@ PROMPTS = ["Tell me a story", "abc abc abc", "What is speculative decoding?", "s
 ACTIONS = ("stream", "full", "stream_drop", "stream_drop_early", "timeout")
 
 
-class ServerProcess:
+class ServerProcess(ServeProcess):
     def __init__(self, tiny: dict[str, Path]) -> None:
-        cmd = [
-            sys.executable, "-m", "edgespec", "serve", "--target", str(tiny["target"]), "--draft", str(tiny["draft"]),
-            "--threads", "1", "--fixed-k", "--draft-max", str(DRAFT_MAX), "--ctx", "2048", "--port", "0",
+        super().__init__([
+            "--target", str(tiny["target"]), "--draft", str(tiny["draft"]),
+            "--threads", "1", "--fixed-k", "--draft-max", str(DRAFT_MAX), "--ctx", "2048",
             "--max-queue", "16", "--log-level", "warning",
-        ]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=os.environ.copy())
-        self.lines: list[str] = []
-        found = threading.Event()
-        self.url = ""
-
-        def drain() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = re.search(r"listening on (http://\S+?) ", line)
-                if m and not found.is_set():
-                    self.url = m.group(1)
-                    found.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        if not found.wait(60):
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.lines))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and self.proc.poll() is None, "".join(self.lines)
-            time.sleep(0.05)
+        ])
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -81,14 +53,6 @@ class ServerProcess:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
