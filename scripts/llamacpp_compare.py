@@ -18,6 +18,10 @@ What it does:
 3. Runs edgespec on the same prompts through the library, one engine: plain (speculative=False), the default
    drafter, the n-gram lookup and the suffix drafter, every method interleaved per prompt in alternating order,
    then prints tokens/s for all of them and the ratios edgespec / llama.cpp.
+4. With --repeats R every prompt is run R times (the order of the methods alternating from one pass to the next).
+   The ratio table is paired: each ratio is taken between two methods' runs of the same prompt in the same pass
+   (seconds apart), and the table gives the median of those pairs per suite with their range, so that the
+   machine's drift between passes cancels out instead of landing on one side.
 
 Decode rates exclude prompt processing on both sides: llama.cpp's tools print "decoded N tokens in T seconds"
 measured after the prompt is encoded; edgespec's stats.tokens_per_second excludes stats.timings.prefill.
@@ -188,6 +192,42 @@ def _acc(runs: list[dict[str, Any]]) -> float | None:
     return sum(r["n_accept"] for r in ok) / sum(r["n_drafted"] for r in ok) if ok else None
 
 
+def paired_ratios(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) -> list[float]:
+    """rate(a) / rate(b) for every (prompt, pass) both methods finished: runs carry "prompt" and "pass" keys."""
+    def rates_of(runs: list[dict[str, Any]]) -> dict[tuple[int, int], float]:
+        return {(r["prompt"], r["pass"]): r["tokens"] / r["seconds"] for r in runs
+                if "error" not in r and r.get("seconds", 0) > 0 and r.get("tokens", 0) > 0}
+
+    ra, rb = rates_of(runs_a), rates_of(runs_b)
+    return [ra[key] / rb[key] for key in sorted(ra.keys() & rb.keys())]
+
+
+def summarize(ratios: list[float]) -> str:
+    """'median (min-max, n)' of paired ratios, '-' for none."""
+    if not ratios:
+        return "-"
+    xs = sorted(ratios)
+    mid = len(xs) // 2
+    med = xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+    return f"{med:.2f} ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)})" if len(xs) > 1 else f"{med:.2f}"
+
+
+def best_of(runs_by_method: dict[str, list[dict[str, Any]]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per (prompt, pass), the fastest finished run among `methods` (llama.cpp's best speculative tool)."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for m in methods:
+        for r in runs_by_method.get(m, []):
+            if "error" in r or r.get("seconds", 0) <= 0:
+                continue
+            key = (r["prompt"], r["pass"])
+            if key not in best or r["tokens"] / r["seconds"] > best[key]["tokens"] / best[key]["seconds"]:
+                best[key] = r
+    return list(best.values())
+
+
+METHODS = ("llama plain", "llama spec-simple", "llama lookup", "edgespec plain", "edgespec default", "edgespec ngram", "edgespec suffix")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-cpp-python-version", default="0.3.36", help="sdist whose vendor/llama.cpp is built (default: %(default)s)")
@@ -199,11 +239,17 @@ def main() -> None:
     ap.add_argument("--max-tokens", "-n", type=int, default=128)
     ap.add_argument("--suites", nargs="+", default=None, help="suites to run (default: all)")
     ap.add_argument("--prompts-per-suite", type=int, default=2, help="first N prompts of each suite (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the prompts; ratios are paired per prompt and pass (default: %(default)s)")
+    ap.add_argument("--methods", nargs="+", default=None, choices=METHODS, metavar="METHOD",
+                    help=f"methods to run (default: all): {', '.join(repr(m) for m in METHODS)}")
     ap.add_argument("--draft-max", type=int, default=8, help="most drafted tokens per cycle, both sides (default: %(default)s)")
     ap.add_argument("--threads", "-t", type=int, default=None, help="CPU threads, both sides (default: edgespec's default)")
     ap.add_argument("--no-bench", action="store_true", help="skip llama-bench")
     ap.add_argument("--json-out", type=Path, default=None, help="also write every measurement as JSON here")
     args = ap.parse_args()
+    if args.repeats < 1 or args.prompts_per_suite < 1 or args.max_tokens < 1:
+        ap.error("--repeats, --prompts-per-suite and --max-tokens must be at least 1")
+    methods = tuple(args.methods or METHODS)
 
     sys.path.insert(0, str(ROOT))
     from edgespec.paths import cache_dir
@@ -253,38 +299,41 @@ def main() -> None:
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     depths: dict[str, list[int]] = {}
     t_start = time.time()
-    ctx0 = eng.prompt_tokens(next(iter(work.values()))[0].get("prompt"), messages=next(iter(work.values()))[0].get("messages"))
-    for kind in ours.values():  # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
-        run_ours(ctx0[:64], kind)
-    k = 0
+    first = next(iter(work.values()))[0]
+    ctx0 = eng.prompt_tokens(first.get("prompt"), messages=first.get("messages"))
+    for name, kind in ours.items():  # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
+        if name in methods:
+            run_ours(ctx0[:64], kind)
+    prompts = []
     for suite, entries in work.items():
-        res = results.setdefault(suite, {})
         for i, entry in enumerate(entries):
             ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
             depths.setdefault(suite, []).append(len(ctx))
-            if "prompt" in entry:
-                text = entry["prompt"]
-            else:
-                text = eng.render(entry["messages"])
-            steps: list[tuple[str, Any]] = [(name, fn) for name, fn in tools.items()] + list(ours.items())
-            if k % 2:
-                steps.reverse()  # alternate the order so that slow phases of the machine hit every method
+            prompts.append((suite, i, ctx, entry["prompt"] if "prompt" in entry else eng.render(entry["messages"])))
+    steps: list[tuple[str, Any]] = [(nm, fn) for nm, fn in tools.items() if nm in methods]
+    steps += [(nm, kind) for nm, kind in ours.items() if nm in methods]
+    k = 0
+    for rep in range(args.repeats):
+        for suite, i, ctx, text in prompts:
+            res = results.setdefault(suite, {})
+            order = steps[::-1] if k % 2 else steps  # alternate the order so that slow phases hit every method
             k += 1
-            for name, how in steps:
+            tag = f"{suite} {i + 1}" + (f" (pass {rep + 1}/{args.repeats})" if args.repeats > 1 else "")
+            for name, how in order:
                 if name.startswith("llama"):
-                    log(f"{suite} {i + 1}: {name}")
                     r = run_tool(how(text), timeout=600)
                     if "error" in r:
-                        log(f"  {name} failed: {r['error']}")
+                        log(f"{tag}: {name} failed: {r['error']}")
                     else:
-                        log(f"  {r['tokens'] / r['seconds']:.1f} tok/s" + (f", accept {r['n_accept']}/{r['n_drafted']}" if r.get("n_drafted") else ""))
+                        log(f"{tag}: {name} {r['tokens'] / r['seconds']:.1f} tok/s"
+                            + (f", accept {r['n_accept']}/{r['n_drafted']}" if r.get("n_drafted") else ""))
+                        if r.get("prompt_tokens") not in (None, len(ctx)):
+                            log(f"  WARNING: prompt token counts differ: llama.cpp {r['prompt_tokens']} vs edgespec {len(ctx)}")
                 else:
                     r = run_ours(ctx, how)
-                    log(f"{suite} {i + 1}: {name} {r['tokens'] / r['seconds']:.1f} tok/s")
+                    log(f"{tag}: {name} {r['tokens'] / r['seconds']:.1f} tok/s")
+                r.update(prompt=i, **{"pass": rep})
                 res.setdefault(name, []).append(r)
-            llama_pt = {r.get("prompt_tokens") for nm, rs in res.items() if nm.startswith("llama") for r in rs[-1:] if "prompt_tokens" in r}
-            if llama_pt and llama_pt != {len(ctx)}:
-                log(f"  WARNING: prompt token counts differ: llama.cpp {sorted(llama_pt)} vs edgespec {len(ctx)}")
     bench = {}
     if not args.no_bench:
         for suite, ds in depths.items():
@@ -293,11 +342,11 @@ def main() -> None:
     eng.close()
 
     # ------------------------------------------------------------------ report
-    cols = ["llama plain", "llama spec-simple", "llama lookup", "edgespec plain", "edgespec default", "edgespec ngram", "edgespec suffix"]
+    cols = [c for c in METHODS if c in methods]
     lines = [
         f"llama.cpp (llama-cpp-python {args.llama_cpp_python_version} sources, CPU flags: {detect_cmake_args() or 'defaults'})",
         f"target {target.name}  draft {draft.name}  greedy, {n} tokens, draft max {args.draft_max}, {threads} threads, "
-        f"{args.prompts_per_suite} prompts per suite, {elapsed:.0f}s",
+        f"{args.prompts_per_suite} prompts per suite, {args.repeats} pass(es), {elapsed:.0f}s",
         "decode tokens/s (prompt processing excluded on both sides; sum of tokens / sum of seconds over the prompts)",
         "",
     ]
@@ -315,27 +364,24 @@ def main() -> None:
     lines += _fmt_table(head, rows)
     lines.append("(xx%) = draft acceptance (accepted / drafted); llama-bench tg at the suite's mean prompt depth")
     lines.append("")
+    pairs = [("edgespec plain", "llama plain"), ("edgespec default", "llama plain"), ("edgespec suffix", "llama plain"),
+             ("edgespec default", "best llama spec"), ("llama spec-simple", "llama plain"), ("llama lookup", "llama plain")]
     ratio_rows = []
     for suite, res in results.items():
-        r = {c: _rate(res.get(c, [])) for c in cols}
-
-        def q(a: str, b: str, r: dict[str, float | None] = r) -> str:
-            ra, rb = r.get(a), r.get(b)
-            return f"{ra / rb:.2f}" if ra and rb else "-"
-
-        best_llama_spec = max((x for x in (r.get("llama spec-simple"), r.get("llama lookup")) if x), default=None)
-        ratio_rows.append([suite, q("edgespec plain", "llama plain"), q("edgespec default", "llama plain"), q("edgespec suffix", "llama plain"),
-                           f"{r['edgespec default'] / best_llama_spec:.2f}" if r.get("edgespec default") and best_llama_spec else "-",
-                           q("llama spec-simple", "llama plain"), q("llama lookup", "llama plain")])
-    head2 = ["suite", "es plain / llama plain", "es default / llama plain", "es suffix / llama plain",
-             "es default / best llama spec", "spec-simple / plain", "lookup / plain"]
-    lines += _fmt_table(head2, ratio_rows)
+        runs = dict(res)
+        runs["best llama spec"] = best_of(res, ("llama spec-simple", "llama lookup"))
+        ratio_rows.append([suite] + [summarize(paired_ratios(runs.get(a, []), runs.get(b, []))) for a, b in pairs])
+    lines += _fmt_table(["suite"] + [f"{a} / {b}".replace("edgespec", "es") for a, b in pairs], ratio_rows)
+    lines.append("ratios: median over (prompt, pass) pairs run seconds apart, (min-max, number of pairs)")
     errors = [(s, c, r["error"]) for s, res in results.items() for c, rs in res.items() for r in rs if "error" in r]
     for s, c, e in errors:
         lines.append(f"ERROR {s} {c}: {e}")
     print("\n".join(lines))
     if args.json_out:
-        args.json_out.write_text(json.dumps({"results": results, "llama_bench": bench, "threads": threads, "max_tokens": n}, indent=1))
+        from edgespec.fsutil import atomic_write_text
+
+        atomic_write_text(args.json_out, json.dumps({"results": results, "llama_bench": bench, "threads": threads, "max_tokens": n,
+                                                     "repeats": args.repeats}, indent=1))
 
 
 def _fmt_table(head: list[str], rows: list[list[str]]) -> list[str]:

@@ -356,8 +356,9 @@ def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -
     return out
 
 
-def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
-    """Per position t: how many tokens of the n-gram lookup's proposal the target would accept."""
+def ngram_proposals(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[tuple[int, int, int]]:
+    """Per position t: the n-gram lookup's proposal as (match run, proposed tokens, tokens the target would accept);
+    run -1 where the lookup finds nothing."""
     from edgespec.ngram import NgramIndex
     from edgespec.prompt_cache import common_prefix
 
@@ -366,8 +367,50 @@ def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
     out = []
     for t in range(len(trace)):
         m = idx.lookup(prompt + trace[:t], k_max)
-        out.append(common_prefix(m.tokens, trace[t:]))
+        out.append((m.run if m.tokens else -1, len(m.tokens), common_prefix(m.tokens, trace[t:])))
     return out
+
+
+def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
+    """Per position t: how many tokens of the n-gram lookup's proposal the target would accept."""
+    return [acc for _, _, acc in ngram_proposals(rec, spec, k_max)]
+
+
+def fitted_run_table(
+    traces: Sequence[tuple[int, list[tuple[int, int, int]]]], cost: Curve, k_max: int, passes: int = 3
+) -> tuple[float, dict[int, int]]:
+    """The best any rule "draft k(m) tokens of a lookup whose match run is m" can do on these traces: a table from
+    the estimator's run buckets (MatchLengthEstimator.BUCKET_EDGES) to k, fitted on the traces themselves by
+    coordinate descent (so an optimistic bound for such rules; the engine's NgramPolicy learns online instead).
+    traces: (n_prompt, ngram_proposals) per prompt. Returns (modelled seconds, {bucket's lowest run: k})."""
+    from edgespec.costs import VerifyCurve
+    from edgespec.estimators import MatchLengthEstimator
+
+    v = VerifyCurve(cost.verify)
+    edges = MatchLengthEstimator.BUCKET_EDGES
+    bucket = [MatchLengthEstimator().bucket(m) for m in range(max(edges) + 2)]
+
+    def seconds(table: list[int]) -> float:
+        total = 0.0
+        for n_prompt, props in traces:
+            n, t = len(props), 0
+            while t < n:
+                run, n_tok, acc = props[t]
+                k = 0 if run < 0 else min(table[bucket[min(run, len(bucket) - 1)]], n_tok, n - t - 1)
+                total += v(k + 1) * cost.verify_factor(k + 1, n_prompt + t + k) + cost.overhead
+                t += min(k, acc) + 1
+        return total
+
+    table = [0] * len(edges)
+    best = seconds(table)
+    for _ in range(passes):
+        for b in range(len(edges)):
+            for k in range(k_max + 1):
+                trial = table[:b] + [k] + table[b + 1 :]
+                sec = seconds(trial)
+                if sec < best - 1e-12:
+                    best, table = sec, trial
+    return best, dict(zip(edges, table))
 
 
 def oracle_seconds(
@@ -402,8 +445,11 @@ def oracle_seconds(
     return f[0]
 
 
-def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS) -> dict[str, Any]:
-    """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds."""
+def predict(
+    data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS, fit: bool = False
+) -> dict[str, Any]:
+    """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds; with fit, also the
+    best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table)."""
     from edgespec.costs import CostModel, draft_model_pays
     from edgespec.speculators import model_draft_used
 
@@ -418,7 +464,8 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
     plain_state = EngineState(cost)
 
     def new_sums() -> dict[str, Any]:
-        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0}}
+        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0},
+                "proposals": []}
 
     per_suite: dict[str, dict[str, Any]] = {}
     total = new_sums()
@@ -429,8 +476,11 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
         runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec)[0] for k in kinds}}
         n = len(rec["trace"])
         mr = model_matches(rec, data, oracle_cap)
-        nr = ngram_matches(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+        props = ngram_proposals(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+        nr = [acc for _, _, acc in props]
         P = len(rec["prompt"])
+        for s in sums:
+            s["proposals"].append((P, props))
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
         for s in sums:
@@ -456,6 +506,9 @@ def predict(data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[st
                 "sources": dict(sorted(side.source_counts.items())),
             }
         out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items()}
+        if fit:
+            sec, table = fitted_run_table(s["proposals"], cost, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+            out["fitted_ngram"] = {"speedup": round(plain.decode_seconds / sec, 4), "k_by_run": table}
         return out
 
     cm = CostModel(cost.verify, c_draft=cost.draft)
@@ -486,11 +539,12 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
         + ("" if result["draft_model_used"] else ": the engine does not run it (model = plain, model+ngram = ngram)"),
         "",
     ]
-    head = ["suite", "n", "tokens"] + list(kinds) + [f"oracle {k}" for k in kinds]
+    fitted = "fitted_ngram" in result["overall"]
+    head = ["suite", "n", "tokens"] + list(kinds) + (["fitted k(run) ngram"] if fitted else []) + [f"oracle {k}" for k in kinds]
     rows = []
     for name, s in list(result["suites"].items()) + [("overall", result["overall"])]:
         rows.append([name, str(s["prompts"]), str(s["tokens"])] + [f"{s[k]['speedup']:.2f}" for k in kinds]
-                    + [f"{s['oracle'][k]:.2f}" for k in kinds])
+                    + ([f"{s['fitted_ngram']['speedup']:.2f}"] if fitted else []) + [f"{s['oracle'][k]:.2f}" for k in kinds])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines.append(fmt(head))
@@ -498,7 +552,9 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
     lines += [fmt(r) for r in rows]
     lines.append("")
     lines.append("speedup = plain decode time / speculative decode time (modelled), summed over the suite's prompts; "
-                 "oracle = the best any policy drafting from the same proposals could do.")
+                 "oracle = the best any policy drafting from the same proposals could do."
+                 + (" fitted k(run) = the best table from match run to draft length, fitted on the suite's own traces "
+                    "(what any rule that sees only the match run can reach)." if fitted else ""))
     return "\n".join(lines)
 
 
@@ -620,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
     ap.add_argument("--depth-scale", default=None,
                     help="a curve file whose depth_scale (cost growth with context depth, from `measure --depths`) applies to every --curve")
+    ap.add_argument("--fit-run-table", action="store_true",
+                    help="also fit, per suite, the best table from an n-gram match's run to its draft length (a bound for run-based rules)")
     ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
     a = ap.parse_args(argv)
 
@@ -628,16 +686,21 @@ def main(argv: list[str] | None = None) -> int:
     spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k)
     if a.ngram_draft_max is not None:
         spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k, ngram_draft_max=a.ngram_draft_max)
-    data = load_traces(a.traces)
+    try:
+        data = load_traces(a.traces)
+        costs = [load_curve(path) for path in a.curve]
+        scale = load_curve(a.depth_scale) if a.depth_scale else None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"predict_speedup: error: {e}", file=sys.stderr)
+        return 2
     results = []
-    for path in a.curve:
-        cost = load_curve(path)
+    for cost in costs:
         if a.overhead is not None:
             cost.overhead = a.overhead
-        if a.depth_scale:
-            cost.depth_scale = load_curve(a.depth_scale).depth_scale
+        if scale is not None:
+            cost.depth_scale = scale.depth_scale
             cost.name += f" x depth scale of {Path(a.depth_scale).name}"
-        res = predict(data, cost, spec, a.suite)
+        res = predict(data, cost, spec, a.suite, fit=a.fit_run_table)
         results.append(res)
         print(format_table(res))
         print()

@@ -179,6 +179,39 @@ def test_oracle_dynamic_programming_by_hand():
     assert ps.oracle_seconds(4, costly, [1] * 4, None) == pytest.approx(4.0)
 
 
+def test_fitted_run_table_is_the_best_table_and_below_the_oracle():
+    """fitted_run_table against brute force over every table (2 buckets used, k <= 3), on a made-up proposal
+    sequence whose copies are long at long runs and short at short ones."""
+    import itertools
+
+    from edgespec.estimators import MatchLengthEstimator
+
+    cost = ps.Curve(verify={1: 1.0, 2: 1.5, 3: 1.9, 4: 2.2}, draft=0.0)
+    # (run, proposed, accepted): run 2 proposals are mostly wrong, run 8 ones mostly right
+    pattern = [(-1, 0, 0), (2, 3, 0), (2, 3, 1), (8, 3, 3), (8, 3, 3), (8, 3, 2), (2, 3, 0)]
+    props = (pattern * 9)[:60]
+    traces = [(10, props)]
+    sec, table = ps.fitted_run_table(traces, cost, k_max=3)
+    edges = MatchLengthEstimator.BUCKET_EDGES
+    b2, b8 = MatchLengthEstimator().bucket(2), MatchLengthEstimator().bucket(8)
+
+    def seconds(k2: int, k8: int) -> float:
+        t, total = 0, 0.0
+        while t < len(props):
+            run, n_tok, acc = props[t]
+            k = 0 if run < 0 else min(k2 if run == 2 else k8, n_tok, len(props) - t - 1)
+            total += cost.verify[k + 1]
+            t += min(k, acc) + 1
+        return total
+
+    brute = min(seconds(k2, k8) for k2, k8 in itertools.product(range(4), repeat=2))
+    assert sec == pytest.approx(brute)
+    assert table[edges[b8]] > table[edges[b2]]
+    assert sec <= len(props) * cost.verify[1]  # never worse than plain (the all-zero table)
+    oracle = ps.oracle_seconds(len(props), cost, None, [acc for _, _, acc in props])
+    assert oracle <= sec + 1e-9
+
+
 def test_curve_files(tmp_path):
     plain = tmp_path / "c.json"
     plain.write_text(json.dumps({"verify": {"1": 0.01, "4": 0.02}, "draft": 0.004, "overhead": 0.001}))
