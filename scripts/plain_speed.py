@@ -13,6 +13,13 @@ alternating order) in one run, for configurations that peel edgespec's path apar
 
 Every configuration decodes the same prompt tokens and then `--tokens` tokens one at a time; the number is the
 median milliseconds per decoded token after the prompt. Ratios are against `bare` in the same round.
+
+    .venv/bin/python scripts/plain_speed.py --paired              # token by token: bare, model, model+trees
+
+--paired is the finer comparison of the layers that can be stepped one token at a time: the bare loop, the backend
+Model, and the Model loaded with tree sequences as the suffix drafters load it (n_seq_max > 1, unified KV cache).
+Their contexts decode in turn, one token each (the order alternating), so a drift of the machine's speed lands on
+all of them alike; the number is the median over every token of every round.
 """
 
 from __future__ import annotations
@@ -80,6 +87,97 @@ def bare_loop_factory(path: str, n_ctx: int, threads: int) -> tuple[Callable[[li
     return run, close
 
 
+class BareStepper:
+    """The bare loop's context, stepped one decode at a time (the same calls as bare_loop_factory's)."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
+        import llama_cpp as C
+
+        from edgespec.backend import _init_llama
+
+        _init_llama()
+        self.C = C
+        self.model = C.llama_model_load_from_file(path.encode(), C.llama_model_default_params())
+        cp = C.llama_context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch = n_ctx, threads, threads
+        self.ctx = C.llama_init_from_model(self.model, cp)
+        self.mem = C.llama_get_memory(self.ctx)
+        self.n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(self.model))
+        self.batch = C.llama_batch_init(max(2048, n_ctx), 0, 1)
+        self.n_past = 0
+
+    def reset(self) -> None:
+        self.C.llama_memory_clear(self.mem, True)
+        self.n_past = 0
+
+    def decode(self, tokens: list[int], pos: int) -> np.ndarray:
+        b = self.batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
+            b.logits[i] = i == len(tokens) - 1
+        if self.C.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+        self.n_past += len(tokens)
+        return np.ctypeslib.as_array(self.C.llama_get_logits_ith(self.ctx, len(tokens) - 1), shape=(1, self.n_vocab))
+
+    def close(self) -> None:
+        self.C.llama_batch_free(self.batch)
+        self.C.llama_free(self.ctx)
+        self.C.llama_model_free(self.model)
+
+
+def paired_steps(steppers: dict[str, Any], prompt: list[int], n: int) -> dict[str, list[float]]:
+    """Greedy decoding of n tokens after `prompt` in every stepper, one token each in turn (the order alternating);
+    the seconds of every decode, per stepper."""
+    last = {}
+    for name, m in steppers.items():
+        m.reset()
+        last[name] = int(np.argmax(m.decode(prompt, 0)[-1]))
+    times: dict[str, list[float]] = {name: [] for name in steppers}
+    names = list(steppers)
+    for i in range(n):
+        for name in names if i % 2 == 0 else names[::-1]:
+            m = steppers[name]
+            t0 = time.perf_counter()
+            last[name] = int(np.argmax(m.decode([last[name]], m.n_past)[-1]))
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds: int, n: int) -> dict[str, dict[str, float]]:
+    """--paired: median ms per token of bare, model and model+trees at each depth (see the module docstring)."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec, SpecConfig
+    from edgespec.engine import Engine
+
+    steppers: dict[str, Any] = {
+        "bare": BareStepper(target, n_ctx, threads),
+        "model": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads)),
+        "model+trees": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads), tree_paths=SpecConfig().tree_nodes),
+    }
+    eng = Engine(Model(ModelSpec(target, n_ctx=256, n_threads=threads)), None, drafter="none")  # its worker thread
+    rng = np.random.default_rng(0)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for depth in depths:
+            times: dict[str, list[float]] = {name: [] for name in steppers}
+            for _ in range(rounds):
+                prompt = [int(t) for t in rng.integers(1000, 20000, depth)]
+                got = eng.submit(lambda _, p=prompt: paired_steps(steppers, p, n)).result()
+                for name, ts in got.items():
+                    times[name] += ts
+            med = {name: 1000.0 * statistics.median(ts) for name, ts in times.items()}
+            out[str(depth)] = med
+            print(f"depth {depth}: " + " | ".join(f"{name} {ms:.2f} ms ({ms / med['bare']:.3f}x bare)" for name, ms in med.items())
+                  + f"  ({rounds} rounds x {n} tokens each)")
+    finally:
+        eng.close()
+        for m in steppers.values():
+            m.close()
+    return out
+
+
 def model_loop(model: Any, prompt: list[int], n: int) -> float:
     model.reset()
     tok = int(np.argmax(model.decode(prompt, 0)[0]))
@@ -114,8 +212,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--only", nargs="+", default=None, help="configurations to run (default: all)")
+    ap.add_argument("--paired", action="store_true", help="step bare, model and model+trees token by token in turn (see above)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
+    if args.paired:
+        from edgespec.backend import default_threads
+        from edgespec.models import resolve_model
+
+        threads = args.threads or default_threads()
+        target = str(resolve_model(None, "target"))
+        print(f"target {os.path.basename(target)}, {threads} threads, paired token by token")
+        res = run_paired(target, 4096, threads, args.depths, args.rounds, args.tokens)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(res, indent=1))
+        return
 
     from edgespec.backend import Model, default_threads
     from edgespec.config import ModelSpec

@@ -1,6 +1,7 @@
-"""The report that compares edgespec with llama.cpp's own tools (scripts/llamacpp_compare.py): the parsing of the
-tools' summaries and the paired ratios, on hand-made runs (the real comparison needs the built tools and the real
-pair, and takes minutes: it is a benchmark, run by hand, see docs/benchmarks.md)."""
+"""The tools that compare edgespec's speed with llama.cpp's: scripts/llamacpp_compare.py (the parsing of the C++
+tools' summaries and the paired ratios, on hand-made runs) and scripts/plain_speed.py --paired (its layers decode
+the same tokens, on a tiny model). The comparisons themselves need the built tools and the real pair and take
+minutes: they are benchmarks, run by hand, see docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -66,3 +67,46 @@ def test_best_speculative_tool_is_chosen_per_prompt_and_pass():
     }
     best = lc.best_of(runs, ("llama spec-simple", "llama lookup"))
     assert sorted((r["prompt"], r["seconds"]) for r in best) == [(0, 5.0), (1, 2.0)]
+
+
+def test_paired_steps_decode_the_same_tokens_in_every_layer(tiny):
+    """scripts/plain_speed.py --paired: the bare loop, the backend Model and a Model with tree sequences, stepped in
+    turn, decode the same greedy continuation (so their per-token times compare like with like)."""
+    import numpy as np
+
+    import plain_speed
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+
+    path = str(tiny["target"])
+    steppers = {
+        "bare": plain_speed.BareStepper(path, 256, 1),
+        "model": Model(ModelSpec(path, n_ctx=256, n_threads=1)),
+        "model+trees": Model(ModelSpec(path, n_ctx=256, n_threads=1), tree_paths=4),
+    }
+    tokens: dict[str, list[int]] = {name: [] for name in steppers}
+
+    class Recording:
+        def __init__(self, name, inner):
+            self.name, self.inner = name, inner
+
+        @property
+        def n_past(self):
+            return self.inner.n_past
+
+        def reset(self):
+            self.inner.reset()
+
+        def decode(self, toks, pos):
+            out = self.inner.decode(toks, pos)
+            tokens[self.name].append(int(np.argmax(out[-1])))
+            return out
+
+    try:
+        times = plain_speed.paired_steps({name: Recording(name, m) for name, m in steppers.items()}, [5, 9, 13, 2, 7], 12)
+    finally:
+        for m in steppers.values():
+            m.close()
+    assert {name: len(ts) for name, ts in times.items()} == {name: 12 for name in steppers}
+    assert all(t > 0 for ts in times.values() for t in ts)
+    assert tokens["bare"] == tokens["model"] == tokens["model+trees"] and len(tokens["bare"]) == 13
