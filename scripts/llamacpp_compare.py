@@ -277,7 +277,7 @@ def main() -> None:
     suites = load_suites()
     work = {name: entries[: args.prompts_per_suite] for name, entries in suites.items() if not args.suites or name in args.suites}
     spec = SpecConfig(draft_max=args.draft_max)
-    eng = Engine.load(ModelSpec(target, n_threads=threads, n_ctx=4096), ModelSpec(draft, n_threads=threads, n_ctx=4096),
+    eng = Engine.load(ModelSpec(str(target), n_threads=threads, n_ctx=4096), ModelSpec(str(draft), n_threads=threads, n_ctx=4096),
                       drafter="model+suffix", spec=spec, memory=False)
     default_kind = "model+ngram"
     greedy = SamplingParams(temperature=0.0)
