@@ -39,56 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def bare_loop_factory(path: str, n_ctx: int, threads: int) -> tuple[Callable[[list[int], int], float], Callable[[], None]]:
-    """A context made the way llama.cpp's tools make it (their defaults: n_batch 2048, n_ubatch 512), and a greedy
-    loop that decodes one token at a time; returns (run(prompt, n) -> seconds per token, close)."""
-    import llama_cpp as C
-
-    from edgespec.backend import _init_llama
-
-    _init_llama()
-    mp = C.llama_model_default_params()
-    model = C.llama_model_load_from_file(path.encode(), mp)
-    cp = C.llama_context_default_params()
-    cp.n_ctx = n_ctx
-    cp.n_threads = threads
-    cp.n_threads_batch = threads
-    ctx = C.llama_init_from_model(model, cp)
-    mem = C.llama_get_memory(ctx)
-    vocab = C.llama_model_get_vocab(model)
-    n_vocab = C.llama_vocab_n_tokens(vocab)
-    batch = C.llama_batch_init(max(2048, n_ctx), 0, 1)
-
-    def decode(tokens: list[int], pos: int) -> int:
-        batch.n_tokens = len(tokens)
-        for i, t in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, pos + i, 1, 0
-            batch.logits[i] = i == len(tokens) - 1
-        if C.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        row = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, len(tokens) - 1), shape=(n_vocab,))
-        return int(np.argmax(row))
-
-    def run(prompt: list[int], n: int) -> float:
-        C.llama_memory_clear(mem, True)
-        tok = decode(prompt, 0)
-        pos = len(prompt)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            tok = decode([tok], pos)
-            pos += 1
-        return (time.perf_counter() - t0) / n
-
-    def close() -> None:
-        C.llama_batch_free(batch)
-        C.llama_free(ctx)
-        C.llama_model_free(model)
-
-    return run, close
-
-
 class BareStepper:
-    """The bare loop's context, stepped one decode at a time (the same calls as bare_loop_factory's)."""
+    """The bare llama.cpp loop: a context made the way llama.cpp's tools make it (their defaults: n_batch 2048,
+    n_ubatch 512), decoded through the binding with nothing of edgespec's in between. Same interface as
+    backend.Model for what the loops here use: reset(), decode(tokens, pos) -> the last row's logits, n_past."""
 
     def __init__(self, path: str, n_ctx: int, threads: int) -> None:
         import llama_cpp as C
@@ -149,14 +103,14 @@ def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds:
     """--paired: median ms per token of bare, model and model+trees at each depth (see the module docstring)."""
     from edgespec.backend import Model
     from edgespec.config import ModelSpec, SpecConfig
-    from edgespec.engine import Engine
 
     steppers: dict[str, Any] = {
         "bare": BareStepper(target, n_ctx, threads),
         "model": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads)),
         "model+trees": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads), tree_paths=SpecConfig().tree_nodes),
     }
-    eng = Engine(Model(ModelSpec(target, n_ctx=256, n_threads=threads)), None, drafter="none")  # its worker thread
+    # Every decode of this run happens on this one thread, so llama.cpp's OpenMP keeps one thread pool (two pools on
+    # two cores slow every decode, see docs/benchmarks.md).
     rng = np.random.default_rng(0)
     out: dict[str, dict[str, float]] = {}
     try:
@@ -164,15 +118,13 @@ def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds:
             times: dict[str, list[float]] = {name: [] for name in steppers}
             for _ in range(rounds):
                 prompt = [int(t) for t in rng.integers(1000, 20000, depth)]
-                got = eng.submit(lambda _, p=prompt: paired_steps(steppers, p, n)).result()
-                for name, ts in got.items():
+                for name, ts in paired_steps(steppers, prompt, n).items():
                     times[name] += ts
             med = {name: 1000.0 * statistics.median(ts) for name, ts in times.items()}
             out[str(depth)] = med
             print(f"depth {depth}: " + " | ".join(f"{name} {ms:.2f} ms ({ms / med['bare']:.3f}x bare)" for name, ms in med.items())
                   + f"  ({rounds} rounds x {n} tokens each)")
     finally:
-        eng.close()
         for m in steppers.values():
             m.close()
     return out
@@ -215,17 +167,6 @@ def main() -> None:
     ap.add_argument("--paired", action="store_true", help="step bare, model and model+trees token by token in turn (see above)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
-    if args.paired:
-        from edgespec.backend import default_threads
-        from edgespec.models import resolve_model
-
-        threads = args.threads or default_threads()
-        target = str(resolve_model(None, "target"))
-        print(f"target {os.path.basename(target)}, {threads} threads, paired token by token")
-        res = run_paired(target, 4096, threads, args.depths, args.rounds, args.tokens)
-        if args.json_out:
-            args.json_out.write_text(json.dumps(res, indent=1))
-        return
 
     from edgespec.backend import Model, default_threads
     from edgespec.config import ModelSpec
@@ -234,9 +175,17 @@ def main() -> None:
     from edgespec.paths import cache_dir
 
     threads = args.threads or default_threads()
-    target, draft = str(resolve_model(None, "target")), str(resolve_model(None, "draft"))
+    target = str(resolve_model(None, "target"))
     n_ctx = 4096
-    bare_run, bare_close = bare_loop_factory(target, n_ctx, threads)
+    if args.paired:
+        print(f"target {os.path.basename(target)}, {threads} threads, paired token by token")
+        res = run_paired(target, n_ctx, threads, args.depths, args.rounds, args.tokens)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(res, indent=1))
+        return
+
+    draft = str(resolve_model(None, "draft"))
+    bare = BareStepper(target, n_ctx, threads)
     m = Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads))
     m2 = Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads))
     d = Model(ModelSpec(draft, n_ctx=n_ctx, n_threads=threads))
@@ -251,7 +200,7 @@ def main() -> None:
     # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks.md).
     on_worker = eng.submit
     configs: dict[str, Callable[[list[int]], float | None]] = {
-        "bare": lambda p: on_worker(lambda _: bare_run(p, args.tokens)).result(),
+        "bare": lambda p: on_worker(lambda _: model_loop(bare, p, args.tokens)).result(),
         "model": lambda p: on_worker(lambda _: model_loop(m, p, args.tokens)).result(),
         "model+draft": lambda p: on_worker(lambda _: model_loop(m2, p, args.tokens)).result(),
         "engine": lambda p: _engine_per_decode(eng, p, args.tokens),
@@ -279,10 +228,9 @@ def main() -> None:
         print(f"depth {depth}: " + " | ".join(cells))
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
-    for mm in (m, m2, d):
+    for mm in (m, m2, d, bare):
         mm.close()
     eng.close()
-    bare_close()
 
 
 if __name__ == "__main__":
