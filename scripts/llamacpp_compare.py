@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -180,8 +181,13 @@ def llama_bench(bin_dir: Path, target: Path, n: int, threads: int, reps: int, de
 
 
 # --------------------------------------------------------------------------------------------- comparison
+def _finished(r: dict[str, Any]) -> bool:
+    """A run that finished and was timed (a failed run carries "error")."""
+    return "error" not in r and r.get("seconds", 0) > 0
+
+
 def _rate(runs: list[dict[str, Any]]) -> float | None:
-    ok = [r for r in runs if "error" not in r and r.get("seconds", 0) > 0]
+    ok = [r for r in runs if _finished(r)]
     if not ok:
         return None
     return sum(r["tokens"] for r in ok) / sum(r["seconds"] for r in ok)
@@ -196,7 +202,7 @@ def paired_ratios(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) ->
     """rate(a) / rate(b) for every (prompt, pass) both methods finished: runs carry "prompt" and "pass" keys."""
     def rates_of(runs: list[dict[str, Any]]) -> dict[tuple[int, int], float]:
         return {(r["prompt"], r["pass"]): r["tokens"] / r["seconds"] for r in runs
-                if "error" not in r and r.get("seconds", 0) > 0 and r.get("tokens", 0) > 0}
+                if _finished(r) and r.get("tokens", 0) > 0}
 
     ra, rb = rates_of(runs_a), rates_of(runs_b)
     return [ra[key] / rb[key] for key in sorted(ra.keys() & rb.keys())]
@@ -206,10 +212,8 @@ def summarize(ratios: list[float]) -> str:
     """'median (min-max, n)' of paired ratios, '-' for none."""
     if not ratios:
         return "-"
-    xs = sorted(ratios)
-    mid = len(xs) // 2
-    med = xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
-    return f"{med:.2f} ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)})" if len(xs) > 1 else f"{med:.2f}"
+    med = statistics.median(ratios)
+    return f"{med:.2f} ({min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)})" if len(ratios) > 1 else f"{med:.2f}"
 
 
 def best_of(runs_by_method: dict[str, list[dict[str, Any]]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -217,7 +221,7 @@ def best_of(runs_by_method: dict[str, list[dict[str, Any]]], methods: tuple[str,
     best: dict[tuple[int, int], dict[str, Any]] = {}
     for m in methods:
         for r in runs_by_method.get(m, []):
-            if "error" in r or r.get("seconds", 0) <= 0:
+            if not _finished(r):
                 continue
             key = (r["prompt"], r["pass"])
             if key not in best or r["tokens"] / r["seconds"] > best[key]["tokens"] / best[key]["seconds"]:

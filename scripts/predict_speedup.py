@@ -371,11 +371,6 @@ def ngram_proposals(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[tuple
     return out
 
 
-def ngram_matches(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[int]:
-    """Per position t: how many tokens of the n-gram lookup's proposal the target would accept."""
-    return [acc for _, _, acc in ngram_proposals(rec, spec, k_max)]
-
-
 def fitted_run_table(
     traces: Sequence[tuple[int, list[tuple[int, int, int]]]], cost: Curve, k_max: int, passes: int = 3
 ) -> tuple[float, dict[int, int]]:
@@ -470,21 +465,21 @@ def predict(
     per_suite: dict[str, dict[str, Any]] = {}
     total = new_sums()
     oracle_cap = max(spec.draft_max, 1)
+    ngram_cap = spec.ngram_draft_max if spec.adaptive else spec.draft_max
     for rec in prompts:
         sums = (per_suite.setdefault(rec["suite"], new_sums()), total)
         st, first = run_one(rec, data, None, cost, plain_state, spec)
         runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec)[0] for k in kinds}}
         n = len(rec["trace"])
         mr = model_matches(rec, data, oracle_cap)
-        props = ngram_proposals(rec, spec, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+        props = ngram_proposals(rec, spec, ngram_cap)
         nr = [acc for _, _, acc in props]
         P = len(rec["prompt"])
-        for s in sums:
-            s["proposals"].append((P, props))
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
         for s in sums:
             s["prompts"] += 1
+            s["proposals"].append((P, props))
             for k, r in runs.items():
                 s[k].add(r)
             for k, v in oracle.items():
@@ -507,7 +502,7 @@ def predict(
             }
         out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items()}
         if fit:
-            sec, table = fitted_run_table(s["proposals"], cost, spec.ngram_draft_max if spec.adaptive else spec.draft_max)
+            sec, table = fitted_run_table(s["proposals"], cost, ngram_cap)
             out["fitted_ngram"] = {"speedup": round(plain.decode_seconds / sec, 4), "k_by_run": table}
         return out
 
