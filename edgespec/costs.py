@@ -147,8 +147,8 @@ class CostModel:
 
     `verify_seconds` is either measurements {n: seconds} (a private curve) or a shared `VerifyCurve`.
     update_draft / update_overhead refine c_draft and the overhead online with an exponential moving average;
-    update_verify goes to the curve. `frozen` ignores every online measurement: decisions then depend only on
-    acceptance outcomes, so a seeded run reproduces its output.
+    update_verify goes to the curve. `frozen` (implied by a frozen shared curve) ignores every online measurement:
+    decisions then depend only on acceptance outcomes, so a seeded run reproduces its output.
     """
 
     def __init__(
@@ -170,7 +170,7 @@ class CostModel:
         self.c_draft = float(c_draft)
         self.overhead = float(overhead)
         self.alpha = float(alpha)
-        self.frozen = frozen
+        self.frozen = frozen or self.curve.frozen  # costs over a frozen curve learn nothing else from the clock either
 
     @classmethod
     def from_relative(

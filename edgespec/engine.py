@@ -423,7 +423,7 @@ class Engine:
         # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
-        cost = CostModel(self.curve, c_draft=self.draft_cost, frozen=self.curve.frozen)
+        cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
         speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
