@@ -233,8 +233,21 @@ def test_second_turn_reuse_after_end_token(eos_engine):
     _check_second_turn_reuse(eos_engine, first, s, "second message", "\n<|im_start|>user\nsecond message")
 
 
-def test_interrupted_turn_keeps_conversation_consistent(engine):
-    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=200)
+@pytest.fixture(scope="module")
+def long_engine(tiny):
+    """Room for answers that take seconds: a test that interrupts one must not race its natural end."""
+    eng = Engine.load(ModelSpec(str(tiny["target"]), n_ctx=LONG_CTX, n_threads=1),
+                      ModelSpec(str(tiny["draft"]), n_ctx=LONG_CTX, n_threads=1), spec=FIXED_K)
+    yield eng
+    eng.close()
+
+
+LONG_CTX = 16384
+LONG = 8000  # max_tokens of an answer that a test interrupts (seconds of work even on a fast CPU)
+
+
+def test_interrupted_turn_keeps_conversation_consistent(long_engine):
+    s = ChatSession(long_engine, sampling=SamplingParams(temperature=0), max_tokens=LONG)
     turn = s.send("start")
     shown = ""
     for i, chunk in enumerate(turn):
@@ -244,8 +257,9 @@ def test_interrupted_turn_keeps_conversation_consistent(engine):
     turn.close()
     assert turn.interrupted and turn.finish_reason == "interrupted"
     assert s.messages[-1] == {"role": "assistant", "content": turn.text}
-    assert turn.text.startswith(shown) and 0 < len(turn.token_ids) < 200
+    assert turn.text.startswith(shown) and 0 < len(turn.token_ids) < LONG
     assert s.tokens == turn.prompt_tokens + turn.token_ids
+    s.max_tokens = 40
     nxt = s.send("continue")
     assert nxt.reused  # the partial answer + <|im_end|> delta still extends the token sequence
     nxt.result()
@@ -253,10 +267,11 @@ def test_interrupted_turn_keeps_conversation_consistent(engine):
     assert s.totals.runs == 2 and s.totals.interrupted == 1
 
 
-def test_abandoned_turn_is_settled_by_the_next_send(engine):
-    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=50)
+def test_abandoned_turn_is_settled_by_the_next_send(long_engine):
+    s = ChatSession(long_engine, sampling=SamplingParams(temperature=0), max_tokens=LONG)
     t1 = s.send("one")
     next(iter(t1))
+    s.max_tokens = 40
     s.send("two").result()  # t1 is closed and recorded first
     assert t1.done and t1.interrupted
     assert [m["content"] for m in s.messages if m["role"] == "user"] == ["one", "two"]

@@ -28,6 +28,8 @@ def make_engine(tiny, *, n_ctx=512, n_batch=64, drafter="auto", spec=FIXED, draf
     return Engine(t, d, drafter=drafter, spec=spec, calibration=FLAT, **kw)
 
 
+# max_tokens of a generation that a test cancels: seconds of work, so a loaded machine cannot finish it first
+LONG = 16000
 PROMPTS = ["abc d", "hhh gg", "the cat", "a b c d e f", "ggggg", "ba ba ba", "fe dc ba", "hello"]
 
 
@@ -96,14 +98,14 @@ def test_interleaved_streams_in_one_thread_do_not_corrupt_each_other(eng, refere
 
 
 def test_cancel_mid_decode_and_mid_prefill_then_the_next_output_equals_a_fresh_engine(tiny, reference):
-    e = make_engine(tiny, n_batch=8)
+    e = make_engine(tiny, n_ctx=LONG + 64, n_batch=8)
     try:
         # mid-decode, from another thread
-        gen = e.stream("abc d", sampling=GREEDY, max_tokens=400)
+        gen = e.stream("abc d", sampling=GREEDY, max_tokens=LONG)
         first = next(iter(gen))
         threading.Thread(target=gen.cancel).start()
         gen.wait()
-        assert gen.finish_reason == "cancelled" and 0 < len(gen.token_ids) < 400 and first.text
+        assert gen.finish_reason == "cancelled" and 0 < len(gen.token_ids) < LONG and first.text
         assert e.generate("abc d", sampling=GREEDY, max_tokens=24).token_ids == reference["abc d"]
         # mid-prefill: a long prompt in chunks of 8 tokens, cancelled from the progress callback
         chunks = []
@@ -173,17 +175,22 @@ def test_async_stream(eng, reference):
     assert both == [eng.target.detokenize(reference[p]) for p in PROMPTS[2:4]]
 
 
-def test_async_cancel_stops_the_job(eng):
+def test_async_cancel_stops_the_job(tiny):
+    eng = make_engine(tiny, n_ctx=LONG + 64)
+
     async def main():
-        gen = eng.astream("abc", sampling=GREEDY, max_tokens=300)
+        gen = eng.astream("abc", sampling=GREEDY, max_tokens=LONG)
         async for _ in gen:
             break
         gen.cancel()
         return gen
 
-    gen = asyncio.run(main())
-    gen.wait()
-    assert gen.finish_reason == "cancelled" and len(gen.token_ids) < 300
+    try:
+        gen = asyncio.run(main())
+        gen.wait()
+        assert gen.finish_reason == "cancelled" and len(gen.token_ids) < LONG
+    finally:
+        eng.close()
 
 
 # --------------------------------------------------------------------------------------------- conversations

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         # Two conversations on one engine (two chat tabs): each keeps its KV cache, so switching back decodes only
         # the new message.
         tabs = {name: ChatSession(engine, system=f"You are {name}.", sampling=SamplingParams(temperature=0.7, seed=7),
-                                  max_tokens=400) for name in ("tab A", "tab B")}
+                                  max_tokens=1500) for name in ("tab A", "tab B")}
 
         def generate(tab: str, message: str) -> None:  # runs on a worker thread of the app, not the UI thread
             turn = tabs[tab].send(message)

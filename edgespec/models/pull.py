@@ -98,6 +98,11 @@ def _too_big(f: IndexFile, limit: int, how: str) -> ModelsError:
     )
 
 
+def _backoff(attempt: int) -> None:
+    """The pause before a download's next try (tests make it none)."""
+    time.sleep(min(1.0 * attempt, 3.0))
+
+
 def _download(f: IndexFile, part: Part, dest: Path, bar: _Progress, *, cap: int) -> None:
     """Stream ``f`` into ``dest``, checking size and sha256 (index's and manifest's); a few tries on network errors.
 
@@ -152,7 +157,7 @@ def _download(f: IndexFile, part: Part, dest: Path, bar: _Progress, *, cap: int)
                                               f"got {got[:12]}…, expected {s[:12]}…")
                     return
             if attempt < _ATTEMPTS:
-                time.sleep(min(1.0 * attempt, 3.0))
+                _backoff(attempt)
         if isinstance(last, ModelsError):
             raise last
         raise net_error(f.url, last) from None  # type: ignore[arg-type]
@@ -247,9 +252,9 @@ def _assemble(mf: ModelFile, dest: Path, *, dirs: list[Path] | None, base: str, 
             raise ModelsError(f"sha256 mismatch for assembled {mf.file}: got {got[:12]}…, expected {mf.sha256[:12]}…")
         _drop_record(dest)  # the old record must not vouch for the new file before it is written
         os.replace(partial, dest)
+        ok = True  # checked and in place: a signal from here on leaves a good file (a missing record means one rehash)
         _fsync_dir(cache)
         _write_record(dest, got)
-        ok = True
     except OSError as e:
         where = getattr(e, "filename", None) or cache
         raise ModelsError(f"pull of {mf.file} failed: {e.strerror or e} ({where})") from None
