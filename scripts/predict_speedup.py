@@ -130,7 +130,7 @@ def load_curve(path: str | Path) -> Curve:
         entries = [e for e in data["entries"].values() if isinstance(e, dict) and "verify" in e]
         if not entries:
             raise ValueError(f"{p}: no calibration entries")
-        data = max(entries, key=lambda e: float(e.get("used", e.get("when", 0))))
+        data = max(entries, key=lambda e: float(e.get("used") or e.get("when") or 0))
         name += " (latest calibration entry)"
     if not isinstance(data, dict) or "verify" not in data:
         raise ValueError(f"{p}: expected {{\"verify\": {{n: seconds}}, \"draft\": seconds}}")
@@ -237,17 +237,10 @@ class RecordedDraft:
         self.cached: list[int] = []
         self._cont: tuple[list[int], list[float]] = ([], [])
         self._i = 0
-        self.curve = None
-        if cost.draft_verify:
-            from edgespec.costs import VerifyCurve
+        from edgespec.costs import VerifyCurve
 
-            self.curve = VerifyCurve(cost.draft_verify)
-            self._scale = cost.draft / self.curve(1)
-        else:
-            from edgespec.costs import VerifyCurve
-
-            self.curve = VerifyCurve(cost.verify)
-            self._scale = cost.draft / self.curve(1)
+        self.curve = VerifyCurve(cost.draft_verify or cost.verify)
+        self._scale = cost.draft / self.curve(1)
 
     @property
     def n_past(self) -> int:
@@ -332,7 +325,8 @@ def run_one(
     stats = GenerationStats()
     max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" else len(trace)
     out: list[int] = []
-    for step in speculate(target, prompt, sampling, None, max_tokens=max_tokens, speculator=speculator, stats=stats, clock=clock.perf_counter):
+    rng = np.random.default_rng(0)  # greedy: never drawn from, but speculate's signature asks for a source
+    for step in speculate(target, prompt, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats, clock=clock.perf_counter):
         out += step.tokens
     if out != trace[: len(out)] or len(out) != len(trace):
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
