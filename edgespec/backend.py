@@ -37,6 +37,9 @@ import llama_cpp as C  # noqa: E402  (after the pure imports on purpose: this is
 
 _LOG_CB = None
 _INIT_LOCK = threading.Lock()
+# tokens that text parsed with parse_special becomes (llama.cpp matches control and unknown ones only then; unused
+# ones too, to be safe): what a message content must never turn into
+_PARSED_SPECIAL = C.LLAMA_TOKEN_ATTR_CONTROL | C.LLAMA_TOKEN_ATTR_UNKNOWN | C.LLAMA_TOKEN_ATTR_UNUSED
 
 
 def _init_llama() -> None:
@@ -206,6 +209,13 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog_ids
+
+    def control_tokens(self) -> list[int]:
+        """The ids of the tokens that only text tokenized with parse_special becomes (control, unknown, unused)."""
+        with self._vocab_lock:
+            self._live()
+            attr = C.llama_vocab_get_attr
+            return [i for i in range(self.n_vocab) if attr(self._vocab, i) & _PARSED_SPECIAL]
 
     # ----------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
@@ -432,6 +442,7 @@ class Model:
                 C.llama_free(self._ctx)
                 self._ctx = None
             if self._model is not None:
+                self._vocab = None  # the model's: freed with it
                 C.llama_model_free(self._model)
                 self._model = None
             cache = self.__dict__.get("prompt_cache")

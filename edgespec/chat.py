@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .chat_template import clip_segments
-from .config import SamplingParams
+from .config import SamplingParams, check_stop
 from .detok import complete_utf8
 from .errors import ConfigError, EdgespecError
 from .fsutil import atomic_write_text
@@ -180,7 +180,10 @@ class ChatSession:
         self.system = system or None
         self.sampling = sampling or SamplingParams()
         self.max_tokens = max_tokens
-        self.stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        try:
+            self.stop = check_stop(stop)
+        except ConfigError as e:
+            raise ChatError(str(e)) from None
         self.speculative = speculative
         self.messages: list[dict[str, str]] = []  # user/assistant only; the system prompt is separate
         self.tokens: list[int] = []  # last prompt + generated ids (what the caches hold after a turn)
@@ -330,12 +333,19 @@ class ChatSession:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        self._settle()
-        return {"system": self.system, "messages": [dict(m) for m in self.messages], "settings": self.settings()}
+        """The conversation as it stands: every ended turn, then a turn still being answered with its answer so far
+        (taking a snapshot never stops an answer)."""
+        msgs = [dict(m) for m in self.messages]
+        turn = self._pending
+        if turn is not None and not turn.done:
+            msgs += [dict(turn.user), {"role": "assistant", "content": turn.text}]
+        return {"system": self.system, "messages": msgs, "settings": self.settings()}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write {"system", "messages", "settings"} as JSON, atomically (a failed save leaves the old file as it
-        was); a ChatError (one line) if the file cannot be written."""
+        """Write as_dict() ({"system", "messages", "settings"}) as JSON, atomically (a failed save leaves the old
+        file as it was); a ChatError (one line) if the file cannot be written."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise ChatError(f"a file to save to must be a path, got {type(path).__name__}")
         p = Path(os.fspath(path)).expanduser()
         data = json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
         try:

@@ -62,6 +62,10 @@ class ModelSpec:
         _int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
 
 
+# the penalties' bound: far past any useful value, and small enough that penalised float32 logits stay finite
+MAX_PENALTY = 1e6
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. The same settings define the target distribution p on the plain path and
@@ -93,14 +97,15 @@ class SamplingParams:
         if not (0.0 <= _real("temperature", self.temperature)):
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         for name in ("presence_penalty", "frequency_penalty"):
-            _real(name, getattr(self, name))
+            if not (abs(_real(name, getattr(self, name))) <= MAX_PENALTY):
+                raise ConfigError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
         _int("top_k", self.top_k, 0)
         if not (0.0 < _real("top_p", self.top_p) <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= _real("min_p", self.min_p) < 1.0):
             raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not (_real("repeat_penalty", self.repeat_penalty) > 0.0):
-            raise ConfigError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if not (1.0 / MAX_PENALTY <= _real("repeat_penalty", self.repeat_penalty) <= MAX_PENALTY):
+            raise ConfigError(f"repeat_penalty must be in [{1 / MAX_PENALTY:g}, {MAX_PENALTY:g}], got {self.repeat_penalty}")
         _int("repeat_last_n", self.repeat_last_n, 0)
         if self.seed is not None:
             _int("seed", self.seed, 0, MAX_SEED)
@@ -162,4 +167,15 @@ class SpecConfig:
         _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig"]
+def check_stop(stop: Any) -> tuple[str, ...]:
+    """Stop strings as a tuple: None, a string, or a list/tuple of strings (empty ones dropped)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ConfigError("stop must be a string or a list of strings")
+    return tuple(s for s in stop if s)
+
+
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop"]

@@ -31,7 +31,7 @@ import numpy as np
 from . import calibration as cal
 from . import chat_template
 from .backend import Model, default_threads
-from .config import ModelSpec, SamplingParams, SpecConfig
+from .config import ModelSpec, SamplingParams, SpecConfig, check_stop
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .errors import ConfigError, EdgespecError, EngineClosedError
@@ -61,16 +61,6 @@ def _check_int(name: str, v: Any, lo: int | None = None) -> int:
     if lo is not None and v < lo:
         raise ConfigError(f"{name} must be at least {lo}, got {v}")
     return int(v)
-
-
-def _check_stop(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,) if stop else ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise ConfigError("stop must be a string or a list of strings")
-    return tuple(s for s in stop if s)
 
 
 def _as_spec(m: ModelSpec | str | os.PathLike[str]) -> ModelSpec:
@@ -229,10 +219,8 @@ class Engine:
     def special_texts(self) -> list[str]:
         """The text of every control token of the vocabulary (computed once)."""
         if self._specials is None:
-            import llama_cpp as C  # the vocabulary's token attributes; a read-only query
-
-            vocab = self.target._vocab
-            ids = [i for i in range(self.target.n_vocab) if C.llama_vocab_get_attr(vocab, i) & 0b1010]
+            self._live()
+            ids = self.target.control_tokens()  # EngineClosedError if another thread closed it meanwhile
             self._specials = sorted({self.target.token_bytes(i, special=True).decode("utf-8", "replace") for i in ids} - {""})
         return self._specials
 
@@ -303,7 +291,7 @@ class Engine:
         if not isinstance(sampling, SamplingParams):
             raise ConfigError("sampling must be a SamplingParams")
         max_tokens = _check_int("max_tokens", max_tokens, 1)
-        stops = _check_stop(stop)
+        stops = check_stop(stop)
         if not isinstance(speculative, bool):
             raise ConfigError("speculative must be True or False")
         kind = self._check_drafter(drafter) if speculative else "none"
@@ -363,7 +351,10 @@ class Engine:
             except BaseException as e:
                 fut.set_exception(e)
 
-        self._worker.submit(Job(run))
+        def dropped() -> None:  # closed before its turn came: the caller must not wait forever
+            fut.set_exception(EngineClosedError("the engine was closed before this ran"))
+
+        self._worker.submit(Job(run, on_dropped=dropped))
         return fut
 
     def remember(self, text: str, source: str = "") -> int:

@@ -46,12 +46,16 @@ class Result:
 class Job:
     """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
 
-    def __init__(self, run: Callable[["Job"], Any]) -> None:
+    def __init__(self, run: Callable[["Job"], Any], on_dropped: Callable[[], None] | None = None) -> None:
+        """``on_dropped`` is called (on the worker) instead of ``run`` when the job is cancelled before it starts."""
         self._run = run
+        self._on_dropped = on_dropped
         self.cancel_event = threading.Event()
         self.done = threading.Event()
         self.started = False
         self.error: BaseException | None = None
+        self._error_tb: Any = None  # the traceback as captured (re-raising the same object would keep extending it)
+        self.worker_thread: threading.Thread | None = None  # the thread that will run it (set when submitted)
         self.value: Any = None
         self.enqueued = time.perf_counter()
         self.started_at = 0.0
@@ -75,9 +79,22 @@ class Job:
         try:
             self.value = self._run(self)
         except BaseException as e:  # the caller gets it; the worker lives on
-            self.error = e
+            self.error, self._error_tb = e, e.__traceback__
         finally:
             self.finish()
+
+    def drop(self) -> None:
+        """End a job cancelled before it started, without running it."""
+        try:
+            if self._on_dropped is not None:
+                self._on_dropped()
+        finally:
+            self.finish()
+
+    def raise_error(self) -> None:
+        """Raise what the job raised (with its own traceback, however often it is asked), if anything."""
+        if self.error is not None:
+            raise self.error.with_traceback(self._error_tb)
 
     def finish(self) -> None:
         with self.lock:
@@ -87,7 +104,10 @@ class Job:
 
     def _wake(self) -> None:
         for w in list(self.wakers):
-            w()
+            try:
+                w()
+            except Exception:  # a waiter's event loop that is gone: nobody is left to wake there
+                pass
 
 
 class Worker:
@@ -115,6 +135,7 @@ class Worker:
                 raise ConfigError("a generation cannot be started from inside an engine callback")
             if self.max_queue is not None and sum(1 for j in self._queue if not j.cancel_event.is_set()) >= self.max_queue:
                 raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
+            job.worker_thread = self.thread
             self._queue.append(job)
             self._cond.notify_all()
 
@@ -129,9 +150,11 @@ class Worker:
                 self.current = job
             try:
                 if job.cancel_event.is_set():
-                    job.finish()  # its client left before it started
+                    job.drop()  # its client left before it started
                 else:
                     job.run()
+            except Exception:  # never lose the worker (and with it every later job) to one job's bookkeeping
+                pass
             finally:
                 with self._cond:
                     self.current = None
@@ -180,13 +203,21 @@ class Generation:
         self._job.cancel()
 
     def close(self) -> None:
-        """Cancel and wait until the generation has ended (its tokens and stats are final then)."""
+        """Cancel and wait until the generation has ended (its tokens and stats are final then). From inside an
+        engine callback it only cancels: the engine cannot wait for itself."""
         self._job.cancel()
-        self.wait()
+        if threading.current_thread() is not self._job.worker_thread:
+            self.wait()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the generation has ended; False if `timeout` passed first."""
+        self._not_on_worker()
         return self._job.done.wait(timeout)
+
+    def _not_on_worker(self) -> None:
+        """Waiting for a generation on the engine's own thread (in a callback) would wait forever."""
+        if threading.current_thread() is self._job.worker_thread and not self._job.done.is_set():
+            raise ConfigError("an engine callback cannot wait for a generation (the engine would wait for itself)")
 
     @property
     def done(self) -> bool:
@@ -195,15 +226,16 @@ class Generation:
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
         raised)."""
+        self._not_on_worker()
         try:
-            if not self._job.done.wait(timeout):
-                raise TimeoutError("the generation did not finish in time")
-        except BaseException:
+            ended = self._job.done.wait(timeout)
+        except BaseException:  # Ctrl-C while waiting: stop the work too
             if not self._job.done.is_set():
                 self._job.cancel()
             raise
-        if self._job.error is not None:
-            raise self._job.error
+        if not ended:  # it goes on: the caller may wait again, or cancel
+            raise TimeoutError("the generation did not finish in time")
+        self._job.raise_error()
         return Result(self.text, list(self._ids), self.stats, self.finish_reason)
 
     # -- what was generated
@@ -219,8 +251,9 @@ class Generation:
 
     @property
     def finish_reason(self) -> str:
-        if not self.stats.stop_reason and self._job.done.is_set() and not self._job.started:
-            return "cancelled"  # cancelled while it waited: it never started
+        """"eos", "stop", "length", "context", "cancelled", "error" (it raised), or "" while it runs."""
+        if not self.stats.stop_reason and self._job.done.is_set():
+            return "error" if self._job.error is not None else "cancelled"  # "cancelled": it never started
         return self.stats.stop_reason
 
     @property
@@ -243,15 +276,19 @@ class Generation:
         job = self._job
         try:
             with job.lock:
+                if job.items:
+                    return job.items.popleft()
+                self._not_on_worker()
                 while not job.items and not job.done.is_set():
                     job.lock.wait()
                 if job.items:
                     return job.items.popleft()
+        except ConfigError:
+            raise
         except BaseException:  # Ctrl-C while waiting: stop the work too
             job.cancel()
             raise
-        if job.error is not None:
-            raise job.error
+        job.raise_error()
         raise StopIteration
 
     def __aiter__(self) -> "Generation":
@@ -263,7 +300,10 @@ class Generation:
         event = asyncio.Event()
 
         def wake() -> None:
-            loop.call_soon_threadsafe(event.set)
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop was closed with this iteration still parked in it
+                pass
 
         job.wakers.append(wake)
         try:
@@ -274,8 +314,7 @@ class Generation:
                         return job.items.popleft()
                     ended = job.done.is_set()
                 if ended:
-                    if job.error is not None:
-                        raise job.error
+                    job.raise_error()
                     raise StopAsyncIteration
                 await event.wait()
         except asyncio.CancelledError:

@@ -267,6 +267,36 @@ def test_interrupted_turn_keeps_conversation_consistent(long_engine):
     assert s.totals.runs == 2 and s.totals.interrupted == 1
 
 
+def test_saving_mid_answer_records_it_so_far_and_lets_it_go_on(long_engine, tmp_path):
+    """An app's autosave while an answer streams: a snapshot, never the end of the answer."""
+    s = ChatSession(long_engine, sampling=SamplingParams(temperature=0), max_tokens=400)
+    s.send("first").result()
+    turn = s.send("second")
+    it = iter(turn)
+    for _ in range(3):
+        next(it)
+    saved = json.loads(s.save(tmp_path / "auto.json").read_text())
+    msgs = saved["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"] and msgs[2]["content"] == "second"
+    assert msgs[3]["content"] and turn.text.startswith(msgs[3]["content"])
+    turn.result()
+    assert not turn.interrupted and turn.finish_reason == "length" and len(turn.token_ids) == 400
+    assert s.as_dict()["messages"][-1]["content"] == turn.text
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(stop=5), "stop"), (dict(stop=[1]), "stop"), (dict(max_tokens=0), "max_tokens")])
+def test_chat_session_misuse_is_a_chat_error(engine, kwargs, match):
+    with pytest.raises(ChatError, match=match):
+        ChatSession(engine, **kwargs)
+
+
+def test_stop_none_and_save_to_a_non_path(engine):
+    s = ChatSession(engine, sampling=SamplingParams(temperature=0), max_tokens=4, stop=None)
+    assert s.stop == ()
+    with pytest.raises(ChatError, match="must be a path"):
+        s.save(5)  # type: ignore[arg-type]
+
+
 def test_abandoned_turn_is_settled_by_the_next_send(long_engine):
     s = ChatSession(long_engine, sampling=SamplingParams(temperature=0), max_tokens=LONG)
     t1 = s.send("one")

@@ -231,7 +231,8 @@ def test_misuse_is_a_config_error(eng, kwargs, match):
         eng.stream(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature="0"), dict(seed=-1), dict(top_k=1.5), dict(temperature=float("nan")), dict(top_p=0)])
+@pytest.mark.parametrize("kwargs", [dict(temperature="0"), dict(seed=-1), dict(top_k=1.5), dict(temperature=float("nan")), dict(top_p=0),
+                                    dict(repeat_penalty=1e-300), dict(frequency_penalty=-1e308), dict(presence_penalty=2e6)])
 def test_bad_sampling_settings_are_config_errors(kwargs):
     with pytest.raises(ConfigError):
         SamplingParams(**kwargs)
@@ -243,6 +244,116 @@ def test_stop_none_and_a_single_string(eng, reference):
     stop = text[5:7]
     r = eng.generate("abc d", sampling=GREEDY, max_tokens=24, stop=stop)  # one string, not its characters
     assert r.text == text[: text.index(stop)] and r.finish_reason == "stop"
+
+
+def test_waiting_on_the_engine_from_inside_its_callback_is_refused_and_close_only_cancels(tiny):
+    """The engine's own thread must never wait for a generation: that would wait forever."""
+    e = make_engine(tiny, n_ctx=2048, n_batch=16)
+    seen: dict[str, object] = {}
+
+    def on_prefill(done: int, total: int) -> None:
+        if "close" in seen:
+            return
+        g = box["g"]
+        for name, call in (("result", g.result), ("wait", g.wait), ("next", lambda: next(g))):
+            try:
+                call()
+                seen[name] = "returned"
+            except ConfigError as err:
+                seen[name] = str(err)
+        g.close()  # cancels; does not wait for itself
+        seen["close"] = "returned"
+
+    try:
+        box = {}
+        box["g"] = g = e.stream("abc " * 100, sampling=GREEDY, max_tokens=20, on_prefill=on_prefill)
+        assert g.wait(30), "the engine waited for itself"
+        assert all("callback cannot wait" in str(seen[k]) for k in ("result", "wait", "next")), seen
+        assert seen["close"] == "returned" and g.finish_reason == "cancelled"
+        assert e.generate("abc d", sampling=GREEDY, max_tokens=4).finish_reason == "length"  # the engine lives on
+    finally:
+        e.close()
+
+
+def test_result_with_a_timeout_leaves_the_generation_running(tiny):
+    e = make_engine(tiny, n_ctx=LONG + 64)
+    try:
+        g = e.stream("abc", sampling=GREEDY, max_tokens=3000)
+        with pytest.raises(TimeoutError):
+            g.result(timeout=0.0001)
+        r = g.result(timeout=120)  # polling, as with concurrent.futures, does not stop it
+        assert r.finish_reason == "length" and len(r.token_ids) == 3000
+    finally:
+        e.close()
+
+
+def test_a_failed_generation_reports_error_and_keeps_one_traceback(eng):
+    def on_prefill(done: int, total: int) -> None:
+        raise ValueError("a broken app callback")
+
+    g = eng.stream("abc d", sampling=GREEDY, max_tokens=4, on_prefill=on_prefill)
+    depths = []
+    for _ in range(50):  # the app asks again and again: the traceback must not grow with every ask
+        with pytest.raises(ValueError, match="broken app callback") as ei:
+            g.result()
+        tb, n = ei.value.__traceback__, 0
+        while tb is not None:
+            n, tb = n + 1, tb.tb_next
+        depths.append(n)
+    assert len(set(depths)) == 1, depths
+    assert g.finish_reason == "error"
+
+
+def test_after_close_nothing_waits_forever_and_nothing_touches_freed_memory(tiny):
+    e = make_engine(tiny, n_ctx=LONG + 64)
+    busy = e.stream("abc", sampling=GREEDY, max_tokens=LONG)  # keeps the worker busy
+    next(iter(busy))
+    fut = e.submit(lambda eng: 42)  # queued behind it
+    outcome: dict[str, str] = {}
+
+    def ui_action() -> None:  # a UI thread resetting caches while another closes the engine
+        try:
+            e.reset_caches()
+            outcome["reset"] = "returned"
+        except EngineClosedError:
+            outcome["reset"] = "EngineClosedError"
+
+    t = threading.Thread(target=ui_action, daemon=True)
+    t.start()
+    while e.pending < 2:
+        pass
+    e.close()
+    t.join(30)
+    assert outcome.get("reset") == "EngineClosedError"
+    with pytest.raises(EngineClosedError):
+        fut.result(timeout=30)
+    with pytest.raises(EngineClosedError):
+        e.special_texts()  # the vocabulary is gone with the model: a typed error, never a read of freed memory
+
+
+def test_a_closed_event_loop_does_not_kill_the_engine(tiny):
+    """An app closes its asyncio loop while an `async for` over a queued generation is parked in it."""
+    e = make_engine(tiny, n_ctx=LONG + 64)
+    try:
+        busy = e.stream("abc", sampling=GREEDY, max_tokens=LONG)
+        next(iter(busy))
+        gen = e.astream("abc", sampling=GREEDY, max_tokens=8)
+        loop = asyncio.new_event_loop()
+
+        async def consume() -> None:
+            async for _ in gen:
+                pass
+
+        task = loop.create_task(consume())
+        loop.run_until_complete(asyncio.sleep(0.05))  # parked in __anext__, its waker registered
+        assert not task.done() and gen._job.wakers
+        loop.stop()
+        loop.close()
+        busy.cancel()
+        assert gen.wait(60) and e._worker.thread.is_alive()
+        assert e.generate("abc d", sampling=GREEDY, max_tokens=4).finish_reason == "length"
+    finally:
+        e.close()
 
 
 # --------------------------------------------------------------------------------------------- exactness corners

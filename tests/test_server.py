@@ -169,6 +169,10 @@ def test_health_models_and_metrics(srv, engine):
     assert meta["n_ctx"] == N_CTX and meta["n_vocab"] == engine.target.n_vocab
     assert meta["size"] == Path(engine.target.spec.path).stat().st_size
     assert meta["draft"]["id"] == "tiny-draft" and meta["drafter"] == "model+ngram"
+    assert srv.client().models.retrieve("tiny-target").model_dump() == card.model_dump()  # GET /v1/models/{id}
+    with pytest.raises(openai.NotFoundError) as ei:
+        srv.client().models.retrieve("gpt-4")
+    assert ei.value.body["code"] == "model_not_found"
     m = httpx.get(srv.url + "/metrics")
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     for name in ("edgespec_up 1", "edgespec_queue_length 0", 'edgespec_requests_cancelled_total{stage="running"}',
@@ -644,6 +648,11 @@ BAD = [
     ({"messages": chat("x"), "top_k": "many"}, 400, "top_k"),
     ({"messages": chat("x"), "min_p": 1}, 400, "min_p"),
     ({"messages": chat("x"), "repeat_penalty": 0}, 400, "repeat_penalty"),
+    ({"messages": chat("x"), "repeat_penalty": 1e-9}, 400, "repeat_penalty"),
+    ({"messages": chat("x"), "temperature": 10**400}, 400, "temperature"),  # past float's range: not a 500
+    ({"messages": chat("x"), "frequency_penalty": -(10**400)}, 400, "frequency_penalty"),
+    ({"messages": chat("x"), "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
+    ({"messages": chat("x"), "n": 0}, 400, "n"),
     ({"messages": chat("x"), "speculative": "no"}, 400, "speculative"),
     ({"messages": chat("x"), "draft_max": 99}, 400, "draft_max"),
     ({"messages": chat("x"), "n": 2}, 400, "n"),
@@ -724,15 +733,18 @@ def test_request_body_limit(locked_srv):
 
 
 def _preflight(url: str, origin: str) -> httpx.Response:
+    # the headers the OpenAI JS SDK sends with every request, as a browser page's preflight names them
     return httpx.options(url + "/v1/chat/completions", headers={
-        "origin": origin, "access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type"})
+        "origin": origin, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type, x-stainless-os, x-stainless-retry-count"})
 
 
 def test_cors_allows_only_local_origins_unless_widened(srv, locked_srv):
     for origin in ("http://localhost:5173", "http://127.0.0.1:8000", "http://[::1]:3000", "https://localhost"):
         r = _preflight(srv.url, origin)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
-        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        allowed = r.headers["access-control-allow-headers"].lower()
+        assert "authorization" in allowed and "x-stainless-retry-count" in allowed
         assert httpx.get(srv.url + "/v1/models", headers={"origin": origin}).headers["access-control-allow-origin"] == origin
     for origin in ("https://evil.example", "http://localhost.evil.example", "https://app.example"):
         r = _preflight(srv.url, origin)

@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
         from edgespec.tiny import write_tiny_set
 
         files = write_tiny_set(tempfile.mkdtemp())
-        target, draft = ModelSpec(files["target"], n_ctx=2048), ModelSpec(files["draft"], n_ctx=2048)
+        # one thread: a tiny model's matrices are too small to share, and a second spinning thread only waits
+        target, draft = (ModelSpec(files[r], n_ctx=2048, n_threads=1) for r in ("target", "draft"))
 
     events: queue.Queue = queue.Queue()  # what a GUI event loop would receive
     with Engine.load(target, draft) as engine:

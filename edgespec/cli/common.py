@@ -57,7 +57,7 @@ def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = off."),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True),
         click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True),
-        click.option("--repeat-penalty", type=click.FloatRange(min=0, min_open=True, max=1e6), default=1.0, show_default=True),
+        click.option("--repeat-penalty", type=click.FloatRange(1e-6, 1e6), default=1.0, show_default=True),
         click.option("--presence-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
         click.option("--frequency-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
         click.option("--seed", type=click.IntRange(-1, MAX_SEED), default=None, help="Random seed (default or -1: fresh each run)."),

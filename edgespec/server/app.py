@@ -202,7 +202,21 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    return JSON({"object": "list", "data": [_model_card(_state(request))]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id}: the card of the model served, or OpenAI's 404 for any other id."""
     state = _state(request)
+    card = _model_card(state)
+    want = request.path_params["model_id"]
+    if want != card["id"]:
+        return error_response(APIError(404, f"the model {want!r} does not exist (this server serves {card['id']!r})",
+                                       param="model", code="model_not_found"))
+    return JSON(card)
+
+
+def _model_card(state: "ServerState") -> dict[str, Any]:
     eng = state.require_engine()
     t, d = eng.target, eng.draft
     meta: dict[str, Any] = {
@@ -221,8 +235,7 @@ async def models(request: Request) -> Response:
         if d is None
         else {"id": _stem(d.spec.path), "name": d.name, "n_params": d.info.n_params, "size": d.info.file_size, "quantization": d.info.quantization},
     }
-    card = {"id": state.model_id, "object": "model", "created": state.loaded_at, "owned_by": "edgespec", "meta": meta}
-    return JSON({"object": "list", "data": [card]})
+    return {"id": state.model_id, "object": "model", "created": state.loaded_at, "owned_by": "edgespec", "meta": meta}
 
 
 async def metrics(request: Request) -> Response:
@@ -370,6 +383,8 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
+        Route("/models/{model_id:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -385,7 +400,7 @@ def create_app(
             allow_origins=["*"] if "*" in origins else origins,
             allow_origin_regex=None if "*" in origins else LOCAL_ORIGIN,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],  # SDKs send their own headers (openai-node: X-Stainless-*); origins are what is checked
             max_age=600,
         ),
         Middleware(BearerAuth, key=settings.api_key),

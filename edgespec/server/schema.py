@@ -127,14 +127,19 @@ def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: f
     v = _get(body, name)
     if v is _MISSING:
         return default
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise bad(name, f"{name} must be a number, got {_json_type(v)} {json.dumps(v)[:40]}")
-    v = float(v)
-    if (v < lo or (lo_open and v == lo)) or (v > hi or (hi_open and v == hi)):
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
-        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {v:g}")
-    return v
+    lb = "(" if lo_open else "["
+    rb = ")" if hi_open else "]"
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past float's range (JSON allows any number of digits)
+        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got an integer of {len(str(abs(v)))} digits") from None
+    if not math.isfinite(f):
+        raise bad(name, f"{name} must be a number, got {_json_type(v)} {json.dumps(v)[:40]}")
+    if (f < lo or (lo_open and f == lo)) or (f > hi or (hi_open and f == hi)):
+        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {f:g}")
+    return f
 
 
 def _integer(body: Mapping[str, Any], name: str, default: Any, lo: int, hi: int) -> Any:
@@ -265,7 +270,7 @@ def _is_int(v: Any, n: int) -> bool:
 # Features a client may ask for that this server does not have: a 400 rather than a silently different answer.
 # Each entry: (key, test of the value that is still fine, what to say).
 _UNSUPPORTED: list[tuple[str, Any, str]] = [
-    ("n", lambda v: _is_int(v, 1), "n > 1 (several choices per request) is not supported; send several requests"),
+    ("n", lambda v: _is_int(v, 1), "n must be 1 (several choices per request are not supported; send several requests)"),
     ("best_of", lambda v: _is_int(v, 1), "best_of > 1 is not supported"),
     ("tools", lambda v: v == [], "tools (function calling) are not supported by this server"),
     ("functions", lambda v: v == [], "functions (function calling) are not supported by this server"),
@@ -338,7 +343,10 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
     if so is not _MISSING:
         if not isinstance(so, dict):
             raise bad("stream_options", "stream_options must be an object")
-        include_usage = _boolean(so, "include_usage", False)
+        try:
+            include_usage = _boolean(so, "include_usage", False)
+        except APIError as e:
+            raise bad("stream_options.include_usage", "stream_options." + e.message) from None
     mct = _integer(body, "max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
     mt = _integer(body, "max_tokens", None, 1, MAX_TOKENS_LIMIT)
     n_predict = _integer(body, "n_predict", None, -1, MAX_TOKENS_LIMIT)  # llama.cpp's name; -1 = no limit
@@ -357,7 +365,7 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
             top_p=top_p,
             top_k=max(0, _integer(body, "top_k", 0, -1, 1 << 30)),
             min_p=_number(body, "min_p", 0.0, 0.0, 1.0, hi_open=True),
-            repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.0, 1e6, lo_open=True),
+            repeat_penalty=_number(body, "repeat_penalty", 1.0, 1e-6, 1e6),
             presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
             repeat_last_n=MAX_TOKENS_LIMIT if repeat_last_n == -1 else repeat_last_n,
