@@ -110,6 +110,8 @@ def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None =
             entry = json.loads(s)
         except json.JSONDecodeError as e:
             raise BenchError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise BenchError(f"{where}: invalid JSON (nested too deeply)") from None
         check_entry(entry, where)
         out.setdefault(entry.get("suite") or suite_default, []).append(entry)
     if not out:
@@ -320,7 +322,7 @@ def public_report(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-from .bench_report import format_report, plot_report, require_matplotlib  # noqa: E402  (re-exported)
+from .bench_report import format_report, plot_format, plot_report, require_matplotlib  # noqa: E402  (re-exported)
 
 __all__ = [
     "BenchError",
@@ -330,6 +332,7 @@ __all__ = [
     "run_bench",
     "format_report",
     "public_report",
+    "plot_format",
     "plot_report",
     "require_matplotlib",
 ]

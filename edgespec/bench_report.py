@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .errors import EdgespecError
+from .fsutil import atomic_write_bytes
 
 
 # --------------------------------------------------------------------------------------------- text output
@@ -119,8 +122,28 @@ def require_matplotlib() -> None:
         raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]' (or pip install matplotlib)") from None
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str | os.PathLike[str]) -> str:
+    """The image format for `path` (by its suffix; none = png), after checking that it can be written there: one
+    clear error before a benchmark runs rather than a traceback after it."""
+    p = Path(os.fspath(path))
+    fmt = p.suffix[1:].lower() or "png"
+    if fmt not in PLOT_FORMATS:
+        raise EdgespecError(f"cannot write a plot as {p.suffix!r}: use one of {', '.join('.' + f for f in PLOT_FORMATS)}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise EdgespecError(f"cannot write the plot {p}: {parent} is not a folder")
+    if p.exists() and not p.is_file():
+        raise EdgespecError(f"cannot write the plot {p}: not a regular file")
+    return fmt
+
+
 def plot_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Speedup per prompt (bars grouped by suite) and acceptance by draft position (a line per suite)."""
+    """Speedup per prompt (bars grouped by suite) and acceptance by draft position (a line per suite), written
+    atomically to `path` (png, svg or pdf by its suffix)."""
+    fmt = plot_format(path)
     require_matplotlib()
     import matplotlib
 
@@ -158,8 +181,13 @@ def plot_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     if ax2.lines:
         ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.fspath(path), dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=110)
     plt.close(fig)
+    try:
+        atomic_write_bytes(path, buf.getvalue())
+    except OSError as e:
+        raise EdgespecError(f"cannot write the plot {os.fspath(path)}: {e.strerror or e}") from None
 
 
-__all__ = ["format_report", "plot_report", "require_matplotlib"]
+__all__ = ["format_report", "plot_report", "plot_format", "require_matplotlib"]

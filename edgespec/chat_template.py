@@ -40,7 +40,8 @@ ROLES = ("system", "user", "assistant")
 MAX_TEMPLATE_CHARS = 256 * 1024
 MAX_ITERATIONS = 1_000_000
 MAX_SECONDS = 2.0
-MAX_VALUE_LENGTH = 16 * 1024 * 1024  # the longest string/list a template may build with * (or get from **)
+MAX_VALUE_LENGTH = 16 * 1024 * 1024  # the longest string/list a template may build with * (or by padding)
+MAX_POWER_BITS = 1 << 16  # the largest integer ** may build, in bits
 OUTPUT_BASE = 1 << 20  # output budget: OUTPUT_BASE + OUTPUT_FACTOR x the characters of all contents
 OUTPUT_FACTOR = 8
 
@@ -87,6 +88,36 @@ def _budget_range(*args: Any) -> Iterator[int]:
     return _budget_iter(range(*args))
 
 
+_PADDING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs"])
+_WIDTH = re.compile(r"\d{7,}")  # a width or precision of a million or more, in a format string
+
+
+def _check_sizes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_VALUE_LENGTH:
+            raise TemplateError("chat template: a padding or width too large")
+
+
+def _check_widths(fmt: str) -> None:
+    for m in _WIDTH.finditer(fmt):
+        if int(m.group()) > MAX_VALUE_LENGTH:
+            raise TemplateError("chat template: a format width too large")
+
+
+def _bounded_filter(f: Any, name: str) -> Any:
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if name == "format":  # the values may be any size (a timestamp); the widths may not
+            _check_widths(next((a for a in args if isinstance(a, str)), ""))
+        else:
+            _check_sizes(args, kwargs)
+        return f(*args, **kwargs)
+
+    for attr in ("jinja_pass_arg",):  # keep jinja2's calling convention (environment/context-passing filters)
+        if hasattr(f, attr):
+            setattr(bounded, attr, getattr(f, attr))
+    return bounded
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Any:
     import jinja2
@@ -94,16 +125,30 @@ def _compile(template: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Env(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**"])
+        intercepted_binops = frozenset(["*", "**", "%"])
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_VALUE_LENGTH:
                         raise TemplateError("chat template: a repetition would build a value too large")
-            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(right) > 4096:
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and (
+                abs(right) > 4096 or max(abs(left).bit_length(), 1) * right > MAX_POWER_BITS
+            ):
                 raise TemplateError("chat template: a power too large")
+            if operator == "%" and isinstance(left, str):
+                _check_widths(left)  # '%02000000000d' % 1
             return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
+            owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)  # str.format comes wrapped
+            if isinstance(owner, str):  # str methods that pad or format: bound the width they are asked for
+                name = getattr(__obj, "__name__", "")
+                if name in _PADDING:
+                    _check_sizes(args, kwargs)
+                elif name in ("format", "format_map"):
+                    _check_widths(owner)
+            return super().call(__context, __obj, *args, **kwargs)
 
     def raise_exception(message: str) -> None:
         raise TemplateError(f"chat template: {message}")
@@ -111,6 +156,8 @@ def _compile(template: str) -> Any:
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template is {len(template):,} characters (at most {MAX_TEMPLATE_CHARS:,})")
     env = Env(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
+    for name in ("center", "indent", "format", "truncate", "wordwrap"):  # filters that pad to a width or format
+        env.filters[name] = _bounded_filter(env.filters[name], name)
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _budget_range
     env.budget_iter = _budget_iter  # type: ignore[attr-defined]

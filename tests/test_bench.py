@@ -123,6 +123,7 @@ def test_bench_prompts_and_suite_together(tiny, tmp_path):
         ('{"prompt": "a", "messages": []}', "exactly one of"),
         ('{"messages": [{"role": "user"}]}', "messages[0]"),
         ('{"prompt": ""}', "non-empty string"),
+        ("[" * 100_000, "nested too deeply"),
     ],
 )
 def test_bench_bad_jsonl_line_one_line_error(tiny, tmp_path, line, words):
@@ -161,6 +162,32 @@ def test_bench_plot_writes_png(tiny, tmp_path):
     assert r.exit_code == 0, r.output
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+@pytest.mark.parametrize("name, words", [("nodir/x.png", "is not a folder"), ("x.xyz", "use one of .png")])
+def test_bench_plot_path_is_checked_before_the_run(tiny, tmp_path, monkeypatch, name, words):
+    monkeypatch.chdir(tmp_path)
+    r = run("bench", *pair(tiny), "--suite", "code-completion", "--max-tokens", "4", "--plot", name, "-q")
+    assert r.exit_code == 1 and words in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_failed_plot_write_keeps_the_old_plot_and_the_results(tiny, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install 'edgespec[plot]')")
+    import errno
+
+    import edgespec.bench_report as br
+
+    png = tmp_path / "bench.png"
+    png.write_bytes(b"the old plot")
+
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(br, "atomic_write_bytes", full_disk)
+    r = run("bench", *pair(tiny), "--suite", "code-completion", "--max-tokens", "4", "--plot", str(png), "-q")
+    assert r.exit_code == 1 and f"cannot write the plot {png}: No space left on device" in r.output
+    assert "code-completion" in r.stdout  # the results were printed first
+    assert png.read_bytes() == b"the old plot"
 
 
 def test_bench_plot_without_matplotlib_is_one_line_error(tiny, tmp_path, monkeypatch):

@@ -60,6 +60,14 @@ HOSTILE = {
     "huge repetition": "{{ 'x' * 1000000000 }}",
     "huge list repetition": "{{ ([1] * 100000000) | length }}",
     "huge power": "{{ 2 ** 100000000 }}",
+    "power of a huge base": "{{ ((2 ** 4096) ** 4096) ** 4096 }}",
+    "center filter": "{{ 'a' | center(2000000000) }}",
+    "str.center": "{{ 'a'.center(2000000000) }}",
+    "str.zfill": "{{ 'a'.zfill(2000000000) }}",
+    "percent width": "{{ '%02000000000d' % 1 }}",
+    "format filter width": "{{ '%2000000000s' | format('x') }}",
+    "str.format width": "{{ '{:>2000000000}'.format(1) }}",
+    "indent width": "{{ 'a\nb' | indent(2000000000) }}",
     "output flood": "{% for a in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "recursive macro": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "shadowing": "{% set range = None %}{% for a in messages %}{% for b in messages * 10000 %}"
@@ -69,8 +77,14 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_templates_are_refused_within_budget(name):
-    with pytest.raises(TemplateError):
+    with pytest.raises(TemplateError):  # before building the value (minutes and gigabytes otherwise)
         render(HOSTILE[name], [{"role": "user", "content": "hi"}])
+
+
+def test_ordinary_padding_and_formatting_still_work():
+    t = ("{{ '%5d' % 42 }}|{{ 'ab' | center(6) }}|{{ '{:>4}'.format(7) }}|{{ '%d' | format(1732976400) }}|"
+         "{{ 2 ** 64 }}|{{ 'x'.zfill(3) }}{% for m in messages %}|{{ m.content | indent(2) }}{% endfor %}")
+    assert render(t, [{"role": "user", "content": "hi"}]) == f"   42|  ab  |   7|1732976400|{2**64}|00x|hi"
 
 
 def test_a_huge_template_is_refused():

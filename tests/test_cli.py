@@ -124,6 +124,55 @@ def test_closed_stdin_and_full_stdout_are_one_line_errors(tiny):
     assert any("cannot write the output" in ln for ln in lines) and len(lines) <= 2, lines
 
 
+def _one_line_error(p: subprocess.CompletedProcess, words: str) -> None:
+    err = p.stderr if isinstance(p.stderr, str) else p.stderr.decode()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 1 and len(lines) == 1 and words in lines[0] and "Traceback" not in err, (p.returncode, err)
+
+
+def test_closed_stdout_or_stderr_is_not_a_traceback(tiny):
+    """Started without a stdout (`>&-`): one line and exit 1; without a stderr: the output, and exit 0."""
+    gen = [sys.executable, "-m", "edgespec", "generate", "hi", "--target", str(tiny["target"]), "--no-draft",
+           "--max-tokens", "3", "--ctx", "512", "--threads", "1"]
+    for argv in (gen, [sys.executable, "-m", "edgespec", "info", str(tiny["target"])]):
+        p = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *argv], stderr=subprocess.PIPE, text=True, timeout=120)
+        _one_line_error(p, "cannot write the output: stdout is closed")
+    p = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", *gen], stdout=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip(), p
+
+
+def test_bad_corpus_model_path_and_index_url_are_one_line_errors(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(5 * 2**20)  # a named file past the corpus bound (a folder skips such files)
+    common = ["generate", "hi", "--target", str(tiny["target"]), "--drafter", "suffix", "--max-tokens", "3", "--ctx", "512",
+              "--threads", "1", "--no-memory"]
+    for corpus, words in ((big, "larger than 4 MiB"), ("/dev/zero", "not a regular file")):
+        _one_line_error(_proc([*common, "--lookup-corpus", str(corpus)]), words)
+    long_path = str(tmp_path / ("a" * 300 + ".gguf"))
+    _one_line_error(_proc(["generate", "hi", "--target", long_path]), "File name too long")
+    for url, words in (("http://[::1", "Invalid IPv6 URL"), ("http://127.0.0.1:abc/simple", "port")):
+        p = _proc(["models", "pull", "--index-url", url, "-q"])
+        _one_line_error(p, f"not a valid index URL: '{url}")
+        assert words in p.stderr.decode()
+
+
+def test_sigint_while_loading_is_kept_for_after_the_load():
+    """llama.cpp's log callback runs Python during a load: a KeyboardInterrupt raised there is dropped by ctypes,
+    so load_engine notes Ctrl-C during the load and raises it afterwards."""
+    import os
+    import signal
+
+    from edgespec.cli.common import _sigint_deferred
+
+    with _sigint_deferred() as interrupted:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # a few bytecodes: the handler runs here, and only notes it
+            pass
+    assert interrupted == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_settings_out_of_range_are_usage_errors(tiny):
     base = ["generate", "hi", "--target", str(tiny["target"]), "--no-draft", "--max-tokens", "2"]
     assert run(*base, "--ctx", "4294967312").exit_code == 2

@@ -7,6 +7,7 @@ setting); 2 a usage error (unknown option, bad value type); 130 interrupted with
 from __future__ import annotations
 
 import errno
+import io
 import os
 import sys
 from typing import Any
@@ -24,6 +25,7 @@ class Group(click.Group):
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        _stand_in_for_closed_streams()
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:  # click prints usage, a hint and the error: one line is enough
@@ -54,6 +56,32 @@ class Group(click.Group):
                 _silence_stdout()
                 raise click.ClickException(f"cannot write the output: {e.strerror or e}") from None
             raise
+
+
+class _ClosedStream(io.TextIOBase):
+    """Stands in for a stream the process was started without (`>&-`): writing to stdout fails like a write to a
+    closed descriptor (one line, exit 1); what would go to a closed stderr is dropped."""
+
+    def __init__(self, name: str, fail: bool) -> None:
+        self._name, self._fail = name, fail
+
+    def write(self, s: str) -> int:
+        if self._fail and s:
+            raise OSError(errno.EBADF, f"{self._name} is closed")
+        return len(s)
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, f"{self._name} is closed")
+
+
+def _stand_in_for_closed_streams() -> None:
+    if sys.stderr is None:
+        sys.stderr = _ClosedStream("stderr", fail=False)
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream("stdout", fail=True)
 
 
 def _silence_stdout() -> None:

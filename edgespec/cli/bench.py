@@ -12,6 +12,7 @@ from ..bench import (
     format_report,
     load_prompts_jsonl,
     load_suites,
+    plot_format,
     plot_report,
     public_report,
     require_matplotlib,
@@ -47,7 +48,8 @@ _SUITE_NAMES = _suite_names()
 @click.option("--cold-draft", is_flag=True, help="Count the draft's prompt processing in decode time (as a one-shot generate pays it).")
 @click.option("--no-warmup", is_flag=True, help="Skip the unrecorded warm-up generation.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every prompt and the summaries.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a PNG: speedup per prompt and acceptance by position.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a plot (PNG, or SVG/PDF by the suffix), atomically: speedup per prompt and acceptance by position.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 def bench(**kw: Any) -> None:
     """Benchmark plain vs speculative decoding on prompt suites (same engine, interleaved runs)."""
@@ -56,6 +58,7 @@ def bench(**kw: Any) -> None:
     if kw["no_draft"]:
         raise click.UsageError("bench compares plain and speculative decoding: --no-draft leaves nothing to compare")
     if plot_path:
+        plot_format(plot_path)  # a path that cannot take the plot fails now, not after the benchmark
         require_matplotlib()
     selected: dict[str, list[dict[str, Any]]] = {}
     if suites_opt or not prompts_file:
@@ -77,13 +80,13 @@ def bench(**kw: Any) -> None:
             raise click.UsageError("bench needs a drafter: give --draft FILE or --draft ngram")
         report = run_bench(eng, selected, sampling, max_tokens=max_tokens, repeats=repeats, warmup=warmup,
                            cold_draft=cold_draft, progress=progress)
+    if as_json:  # the results first: a plot that fails to write must not lose them
+        click.echo(json.dumps(public_report(report), ensure_ascii=False))
+    else:
+        click.echo(format_report(report))
     if plot_path:
         plot_report(report, plot_path)
         if not quiet:
             click.echo(f"plot written to {plot_path}", err=True)
-    if as_json:
-        click.echo(json.dumps(public_report(report), ensure_ascii=False))
-    else:
-        click.echo(format_report(report))
 
 

@@ -4,10 +4,14 @@ import it without import cycles."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import stat
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -43,7 +47,8 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all available cores)."),
         click.option("--ctx", "n_ctx", type=click.IntRange(16, MAX_CTX), default=4096, show_default=True, help="Context window in tokens."),
         click.option("--lookup-corpus", "lookup_corpus", multiple=True, type=click.Path(exists=True), metavar="PATH",
-                     help="Files (or folders of text files) the suffix drafter may copy from (repeatable)."),
+                     help=f"Files (at most {CORPUS_MAX_FILE // 2**20} MiB each) or folders of text files the suffix drafter may "
+                          "copy from (repeatable)."),
         click.option("--no-memory", is_flag=True, help="Suffix drafter: keep the memory of what was seen for this run only."),
     ]
     for o in reversed(opts):
@@ -129,15 +134,33 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
     engine_kw.setdefault("memory", not no_memory)
-    eng = Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
+    with _sigint_deferred() as interrupted:  # a Ctrl-C in llama.cpp's log callback would be lost (ctypes drops it)
+        eng = Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         for path in corpus:
             for f in _corpus_files(path):
-                eng.remember(f.read_text(encoding="utf-8", errors="replace"), source=str(f))
+                eng.remember(_read_corpus_file(f), source=str(f))
     except BaseException:
         eng.close()
         raise
     return eng
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[list[bool]]:
+    """Within the block (main thread, default Ctrl-C handling only), Ctrl-C is noted instead of raised; the caller
+    raises it after the block. Loading runs C code that calls back into Python, where a KeyboardInterrupt vanishes."""
+    seen: list[bool] = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield seen
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(True))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 CORPUS_MAX_FILE = 4 * 1024 * 1024
@@ -146,11 +169,29 @@ CORPUS_SUFFIXES = {".txt", ".md", ".rst", ".py", ".js", ".ts", ".java", ".c", ".
 
 
 def _corpus_files(path: str) -> list[Path]:
-    """A file, or the text files under a folder (by suffix, each at most CORPUS_MAX_FILE bytes)."""
+    """A file, or the text files under a folder (by suffix, each at most CORPUS_MAX_FILE bytes; others skipped)."""
     p = Path(path)
-    if p.is_file():
-        return [p]
-    return sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CORPUS_SUFFIXES and f.stat().st_size <= CORPUS_MAX_FILE)
+    try:
+        if not p.is_dir():
+            return [p]  # a file named on purpose: checked when read
+        return sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in CORPUS_SUFFIXES and f.stat().st_size <= CORPUS_MAX_FILE)
+    except OSError as e:
+        raise EdgespecError(f"cannot read the lookup corpus {path}: {e.strerror or e}") from None
+
+
+def _read_corpus_file(f: Path) -> str:
+    """A corpus file's text: a regular file of at most CORPUS_MAX_FILE bytes, else one clear error."""
+    try:
+        with open(f, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise EdgespecError(f"the lookup corpus {f} is not a regular file")
+            data = fh.read(CORPUS_MAX_FILE + 1)
+    except OSError as e:
+        raise EdgespecError(f"cannot read the lookup corpus {f}: {e.strerror or e}") from None
+    if len(data) > CORPUS_MAX_FILE:
+        raise EdgespecError(f"the lookup corpus {f} is larger than {CORPUS_MAX_FILE // 2**20} MiB; "
+                            "split it, or point at its folder (larger files there are skipped)")
+    return data.decode("utf-8", "replace")
 
 
 # --------------------------------------------------------------------------------------------- stdin / stdout

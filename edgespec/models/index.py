@@ -72,7 +72,11 @@ def open_url(url: str, accept: str | None = None) -> Any:
     headers = {"User-Agent": _USER_AGENT}
     if accept:
         headers["Accept"] = accept
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_TIMEOUT_S)
+    try:
+        request = urllib.request.Request(url, headers=headers)
+        return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
+    except (ValueError, http.client.InvalidURL) as e:  # a malformed URL (bad port, unclosed [, spaces, ...)
+        raise ModelsError(f"not a valid index URL: {url!r} ({e})") from None
 
 
 class _HrefParser:

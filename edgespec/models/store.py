@@ -337,10 +337,13 @@ def resolve_model(name_or_path: PathLike | None, role: str) -> Path:
         raise ModelsError(f"role must be one of {', '.join(ROLES)}, got '{role}'")
     if name_or_path is not None:
         given = Path(os.fspath(name_or_path))
-        if given.is_file():
-            return given
-        if given.exists():
-            raise ModelsError(f"model path {given} is not a file")
+        try:
+            if given.is_file():
+                return given
+            if given.exists():
+                raise ModelsError(f"model path {given} is not a file")
+        except OSError as e:  # a name too long for the file system, ...
+            raise ModelsError(f"model path {str(given)[:80]}{'…' if len(str(given)) > 80 else ''}: {e.strerror or e}") from None
     pairs = load_manifests()
     name = None if name_or_path is None else os.fspath(name_or_path)
     if name is None:
