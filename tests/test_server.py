@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
+import edgespec.backend as backend
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
@@ -492,19 +493,38 @@ def test_a_queued_request_whose_client_left_never_starts(srv, engine):
     assert metric(srv, 'edgespec_requests_cancelled_total{stage="queued"}') == before + 1
 
 
-def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, reference):
+def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, reference, monkeypatch):
     prompt = "long prompt " + "abcdefgh " * 1500  # ~13.5k tokens: ~27 prefill chunks of 512
     n_prompt = len(engine.prompt_tokens(messages=chat(prompt)))
     body = {"messages": chat(prompt), "temperature": 0, "max_tokens": 10, "stream": True}
     engine.reset_caches()
-    with engine_busy(engine) as release:
+    # The engine holds after its third prefill chunk until the server has cancelled the job: the client leaves in
+    # the middle of the prefill on any machine, however fast or busy.
+    C = backend.C
+    real_decode, decodes = C.llama_decode, [0]
+    held, go = threading.Event(), threading.Event()
+
+    def decode_then_hold(ctx: Any, batch: Any) -> Any:
+        out = real_decode(ctx, batch)
+        if threading.current_thread() is engine._worker.thread:
+            decodes[0] += 1
+            if decodes[0] == 3:
+                held.set()
+                go.wait(30)
+        return out
+
+    monkeypatch.setattr(C, "llama_decode", decode_then_hold)
+    try:
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=30) as r:
             events = sse_events(r.iter_lines())  # (dropping the iterator would close the connection)
             role = next(events)
-            assert engine.target.n_past == 0
-            release.set()
-            wait_for(lambda: 2 * engine.target.n_batch <= engine.target.n_past < n_prompt // 2, what="the prefill to be under way")
-        # the connection closes while the prompt is processed
+            assert held.wait(20), "the prefill never got to its third chunk"
+            assert 2 * engine.target.n_batch <= engine.target.n_past < n_prompt // 2
+        # the connection closes while the prompt is processed: the server cancels the job, then the engine goes on
+        wait_for(lambda: (j := engine._worker.current) is not None and j.cancel_event.is_set(), what="the server to cancel")
+    finally:
+        go.set()
+        monkeypatch.setattr(C, "llama_decode", real_decode)
     rec = record(srv, role["id"])
     assert rec.client_left and rec.started and rec.finish_reason == "cancelled" and rec.n_generated == 0
     assert engine.target.n_past < n_prompt - 1  # stopped between chunks, not after the whole prompt

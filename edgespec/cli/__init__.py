@@ -10,6 +10,7 @@ import errno
 import io
 import os
 import sys
+import warnings
 from typing import Any
 
 import click
@@ -26,6 +27,7 @@ class Group(click.Group):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         _stand_in_for_closed_streams()
+        warnings.formatwarning = _one_line_warning  # a library warning (e.g. an unreadable cache) is one line here
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:  # click prints usage, a hint and the error: one line is enough
@@ -75,6 +77,11 @@ class _ClosedStream(io.TextIOBase):
 
     def fileno(self) -> int:
         raise OSError(errno.EBADF, f"{self._name} is closed")
+
+
+def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, line: str | None = None) -> str:
+    text = str(message)
+    return f"{text if text.startswith('edgespec: ') else 'edgespec: ' + text}\n"
 
 
 def _stand_in_for_closed_streams() -> None:
