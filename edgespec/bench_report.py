@@ -122,16 +122,17 @@ def require_matplotlib() -> None:
         raise EdgespecError("--plot needs matplotlib: pip install 'edgespec[plot]' (or pip install matplotlib)") from None
 
 
-PLOT_FORMATS = ("png", "svg", "pdf")
-
-
 def plot_format(path: str | os.PathLike[str]) -> str:
-    """The image format for `path` (by its suffix; none = png), after checking that it can be written there: one
-    clear error before a benchmark runs rather than a traceback after it."""
+    """The image format for `path` (by its suffix, any matplotlib writes; none = png), after checking that it can be
+    written there: one clear error before a benchmark runs rather than a traceback after it."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
     p = Path(os.fspath(path))
     fmt = p.suffix[1:].lower() or "png"
-    if fmt not in PLOT_FORMATS:
-        raise EdgespecError(f"cannot write a plot as {p.suffix!r}: use one of {', '.join('.' + f for f in PLOT_FORMATS)}")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if fmt not in formats:
+        raise EdgespecError(f"cannot write a plot as {p.suffix!r}: use one of {', '.join('.' + f for f in formats)}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise EdgespecError(f"cannot write the plot {p}: {parent} is not a folder")
@@ -144,7 +145,6 @@ def plot_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     """Speedup per prompt (bars grouped by suite) and acceptance by draft position (a line per suite), written
     atomically to `path` (png, svg or pdf by its suffix)."""
     fmt = plot_format(path)
-    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")

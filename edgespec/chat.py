@@ -160,7 +160,7 @@ class Turn:
 
 class ChatSession:
     """A conversation with an Engine: system prompt, user/assistant messages, and the token sequence that the
-    models' KV caches hold."""
+    models' KV caches hold. Used from one thread at a time (a Turn's cancel() works from any thread)."""
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ instruct models.
 from __future__ import annotations
 
 import re
+import string
 import threading
 import time
 from functools import lru_cache
@@ -88,28 +89,62 @@ def _budget_range(*args: Any) -> Iterator[int]:
     return _budget_iter(range(*args))
 
 
-_PADDING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs"])
-_WIDTH = re.compile(r"\d{7,}")  # a width or precision of a million or more, in a format string
+# Padding and formatting build strings as wide as they are asked to: the width (or precision) must stay within
+# MAX_VALUE_LENGTH. Only widths are checked, never the values formatted (a timestamp is a fine value).
+_PADDING = frozenset(["center", "ljust", "rjust", "zfill", "expandtabs"])  # str methods whose first argument is a width
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _too_wide(width: Any) -> bool:
+    return isinstance(width, int) and not isinstance(width, bool) and width > MAX_VALUE_LENGTH
 
 
 def _check_sizes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_VALUE_LENGTH:
-            raise TemplateError("chat template: a padding or width too large")
+    if any(_too_wide(v) for v in (*args, *kwargs.values())):
+        raise TemplateError("chat template: a padding or width too large")
 
 
-def _check_widths(fmt: str) -> None:
-    for m in _WIDTH.finditer(fmt):
-        if int(m.group()) > MAX_VALUE_LENGTH:
+def _check_percent(fmt: str, values: Any) -> None:
+    """`fmt % values`: each spec's width and precision, literal or `*` (taken from the values)."""
+    star = False
+    for m in _PERCENT_SPEC.finditer(fmt.replace("%%", "")):
+        for g in m.groups():
+            star |= g == "*"
+            if g and g != "*" and int(g) > MAX_VALUE_LENGTH:
+                raise TemplateError("chat template: a format width too large")
+    if star:
+        _check_sizes(values if isinstance(values, tuple) else (values,), {})
+
+
+def _check_format(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """`fmt.format(*args, **kwargs)`: the width and precision in each field's spec, literal or nested (`{:>{}}`)."""
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError:
+        return  # malformed: format() itself will say so
+    for _, _, spec, _ in fields:
+        if not spec:
+            continue
+        if "{" in spec:  # a width from the arguments
+            _check_sizes(args, kwargs)
+        elif any(int(d) > MAX_VALUE_LENGTH for d in re.findall(r"\d+", spec)):
             raise TemplateError("chat template: a format width too large")
 
 
 def _bounded_filter(f: Any, name: str) -> Any:
     def bounded(*args: Any, **kwargs: Any) -> Any:
-        if name == "format":  # the values may be any size (a timestamp); the widths may not
-            _check_widths(next((a for a in args if isinstance(a, str)), ""))
-        else:
-            _check_sizes(args, kwargs)
+        if name == "format":  # do_format(value, *args, **kwargs) is value % (kwargs or args)
+            if args and isinstance(args[0], str):
+                _check_percent(args[0], kwargs or tuple(args[1:]))
+        elif name == "indent":  # do_indent(s, width=4, ...): every line gets the indent
+            s = args[0] if args else ""
+            width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+            w = len(width) if isinstance(width, str) else width
+            lines = s.count("\n") + 1 if isinstance(s, str) else 1
+            if isinstance(w, int) and w * lines > MAX_VALUE_LENGTH:
+                raise TemplateError("chat template: an indent would build a value too large")
+        else:  # center(value, width)
+            _check_sizes(args[1:], kwargs)
         return f(*args, **kwargs)
 
     for attr in ("jinja_pass_arg",):  # keep jinja2's calling convention (environment/context-passing filters)
@@ -137,7 +172,7 @@ def _compile(template: str) -> Any:
             ):
                 raise TemplateError("chat template: a power too large")
             if operator == "%" and isinstance(left, str):
-                _check_widths(left)  # '%02000000000d' % 1
+                _check_percent(left, right)  # '%02000000000d' % 1, '%*d' % (2000000000, 1)
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja2's names)
@@ -146,8 +181,10 @@ def _compile(template: str) -> Any:
                 name = getattr(__obj, "__name__", "")
                 if name in _PADDING:
                     _check_sizes(args, kwargs)
-                elif name in ("format", "format_map"):
-                    _check_widths(owner)
+                elif name == "format":
+                    _check_format(owner, args, kwargs)
+                elif name == "format_map":
+                    _check_format(owner, (), args[0] if args and isinstance(args[0], Mapping) else {})
             return super().call(__context, __obj, *args, **kwargs)
 
     def raise_exception(message: str) -> None:
@@ -156,7 +193,7 @@ def _compile(template: str) -> Any:
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template is {len(template):,} characters (at most {MAX_TEMPLATE_CHARS:,})")
     env = Env(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-    for name in ("center", "indent", "format", "truncate", "wordwrap"):  # filters that pad to a width or format
+    for name in ("center", "indent", "format"):  # filters that pad to a width or format
         env.filters[name] = _bounded_filter(env.filters[name], name)
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _budget_range

@@ -211,11 +211,12 @@ class Generation:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the generation has ended; False if `timeout` passed first."""
-        self._not_on_worker()
+        if timeout is None:
+            self._not_on_worker()
         return self._job.done.wait(timeout)
 
     def _not_on_worker(self) -> None:
-        """Waiting for a generation on the engine's own thread (in a callback) would wait forever."""
+        """Waiting without a timeout for a generation on the engine's own thread (in a callback) would wait forever."""
         if threading.current_thread() is self._job.worker_thread and not self._job.done.is_set():
             raise ConfigError("an engine callback cannot wait for a generation (the engine would wait for itself)")
 
@@ -226,7 +227,8 @@ class Generation:
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
         raised)."""
-        self._not_on_worker()
+        if timeout is None:
+            self._not_on_worker()
         try:
             ended = self._job.done.wait(timeout)
         except BaseException:  # Ctrl-C while waiting: stop the work too
@@ -252,7 +254,8 @@ class Generation:
     @property
     def finish_reason(self) -> str:
         """"eos", "stop", "length", "context", "cancelled", "error" (it raised), or "" while it runs."""
-        if not self.stats.stop_reason and self._job.done.is_set():
+        done = self._job.done.is_set()  # first: a job that ends between the two reads has its stop_reason set
+        if not self.stats.stop_reason and done:
             return "error" if self._job.error is not None else "cancelled"  # "cancelled": it never started
         return self.stats.stop_reason
 

@@ -68,6 +68,13 @@ HOSTILE = {
     "format filter width": "{{ '%2000000000s' | format('x') }}",
     "str.format width": "{{ '{:>2000000000}'.format(1) }}",
     "indent width": "{{ 'a\nb' | indent(2000000000) }}",
+    "indent of many lines": "{{ ('a\n' * 300) | indent(1000000) }}",
+    "indent by a string": "{{ ('a\n' * 300) | indent(' ' * 1000000) }}",
+    "percent star width": "{{ '%*d' % (2000000000, 1) }}",
+    "percent star precision": "{{ '%.*f' % (2000000000, 1.5) }}",
+    "format filter star": "{{ '%*d' | format(2000000000, 1) }}",
+    "str.format nested width": "{{ '{:>{}}'.format(1, 2000000000) }}",
+    "str.format named width": "{{ '{:>{w}}'.format(1, w=2000000000) }}",
     "output flood": "{% for a in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
     "recursive macro": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
     "shadowing": "{% set range = None %}{% for a in messages %}{% for b in messages * 10000 %}"
@@ -83,8 +90,11 @@ def test_hostile_templates_are_refused_within_budget(name):
 
 def test_ordinary_padding_and_formatting_still_work():
     t = ("{{ '%5d' % 42 }}|{{ 'ab' | center(6) }}|{{ '{:>4}'.format(7) }}|{{ '%d' | format(1732976400) }}|"
-         "{{ 2 ** 64 }}|{{ 'x'.zfill(3) }}{% for m in messages %}|{{ m.content | indent(2) }}{% endfor %}")
-    assert render(t, [{"role": "user", "content": "hi"}]) == f"   42|  ab  |   7|1732976400|{2**64}|00x|hi"
+         "{{ 2 ** 64 }}|{{ 'x'.zfill(3) }}{% for m in messages %}|{{ m.content | indent(2) }}{% endfor %}|"
+         "{{ 'Cutoff 20231201, today %s' % 'x' }}|{{ 'Cutoff 20231201 {}'.format('y') }}|{{ '100%% %*d' % (3, 7) }}|"
+         "{{ '{:>{}}'.format(1, 3) }}|{{ 'x y' | wordwrap(20000000) }}|{{ 'abc' | truncate(20000000) }}")
+    assert render(t, [{"role": "user", "content": "hi"}]) == (
+        f"   42|  ab  |   7|1732976400|{2**64}|00x|hi|Cutoff 20231201, today x|Cutoff 20231201 y|100%   7|  1|x y|abc")
 
 
 def test_a_huge_template_is_refused():

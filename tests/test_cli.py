@@ -4,6 +4,7 @@ a crash; greedy output identical with and without a draft."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -148,7 +149,9 @@ def test_bad_corpus_model_path_and_index_url_are_one_line_errors(tiny, tmp_path,
         f.truncate(5 * 2**20)  # a named file past the corpus bound (a folder skips such files)
     common = ["generate", "hi", "--target", str(tiny["target"]), "--drafter", "suffix", "--max-tokens", "3", "--ctx", "512",
               "--threads", "1", "--no-memory"]
-    for corpus, words in ((big, "larger than 4 MiB"), ("/dev/zero", "not a regular file")):
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    for corpus, words in ((big, "larger than 4 MiB"), ("/dev/zero", "not a regular file"), (fifo, "not a regular file")):
         _one_line_error(_proc([*common, "--lookup-corpus", str(corpus)]), words)
     long_path = str(tmp_path / ("a" * 300 + ".gguf"))
     _one_line_error(_proc(["generate", "hi", "--target", long_path]), "File name too long")
@@ -171,6 +174,20 @@ def test_sigint_while_loading_is_kept_for_after_the_load():
         for _ in range(1000):  # a few bytecodes: the handler runs here, and only notes it
             pass
     assert interrupted == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a second Ctrl-C during the load ends the process at once, by SIGINT
+    code = ("import os, signal; from edgespec.cli.common import _sigint_deferred\n"
+            "with _sigint_deferred():\n    os.kill(os.getpid(), signal.SIGINT)\n    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    for _ in range(1000): pass\nprint('survived')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGINT and "survived" not in p.stdout, (p.returncode, p.stderr)
+
+
+def test_the_cli_leaves_the_warning_format_as_it_found_it(tiny):
+    import warnings
+
+    before = warnings.formatwarning
+    run("info", str(tiny["target"]))
+    assert warnings.formatwarning is before
 
 
 def test_settings_out_of_range_are_usage_errors(tiny):

@@ -171,6 +171,7 @@ def test_health_models_and_metrics(srv, engine):
     assert meta["size"] == Path(engine.target.spec.path).stat().st_size
     assert meta["draft"]["id"] == "tiny-draft" and meta["drafter"] == "model+ngram"
     assert srv.client().models.retrieve("tiny-target").model_dump() == card.model_dump()  # GET /v1/models/{id}
+    assert httpx.get(srv.url + "/v1/models/").json()["data"][0]["id"] == "tiny-target"  # a trailing slash: the list
     with pytest.raises(openai.NotFoundError) as ei:
         srv.client().models.retrieve("gpt-4")
     assert ei.value.body["code"] == "model_not_found"

@@ -6,6 +6,7 @@ setting); 2 a usage error (unknown option, bad value type); 130 interrupted with
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -27,7 +28,13 @@ class Group(click.Group):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         _stand_in_for_closed_streams()
-        warnings.formatwarning = _one_line_warning  # a library warning (e.g. an unreadable cache) is one line here
+        old_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # a library warning: one line
+        try:
+            self._standalone(*args, **kwargs)
+        finally:
+            warnings.formatwarning = old_format
+
+    def _standalone(self, *args: Any, **kwargs: Any) -> None:
         try:
             rv = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as e:  # click prints usage, a hint and the error: one line is enough
@@ -85,6 +92,15 @@ def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, l
 
 
 def _stand_in_for_closed_streams() -> None:
+    for fd in (1, 2):  # a closed descriptor would be the next file opened, and llama.cpp's own prints would land there
+        try:
+            os.fstat(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
     if sys.stderr is None:
         sys.stderr = _ClosedStream("stderr", fail=False)
     if sys.stdout is None:

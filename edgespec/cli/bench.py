@@ -15,7 +15,6 @@ from ..bench import (
     plot_format,
     plot_report,
     public_report,
-    require_matplotlib,
     run_bench,
 )
 from ..config import SamplingParams
@@ -49,7 +48,7 @@ _SUITE_NAMES = _suite_names()
 @click.option("--no-warmup", is_flag=True, help="Skip the unrecorded warm-up generation.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every prompt and the summaries.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write a plot (PNG, or SVG/PDF by the suffix), atomically: speedup per prompt and acceptance by position.")
+              help="Write a plot (PNG, or another format by the suffix), atomically: speedup per prompt and acceptance by position.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 def bench(**kw: Any) -> None:
     """Benchmark plain vs speculative decoding on prompt suites (same engine, interleaved runs)."""
@@ -58,8 +57,7 @@ def bench(**kw: Any) -> None:
     if kw["no_draft"]:
         raise click.UsageError("bench compares plain and speculative decoding: --no-draft leaves nothing to compare")
     if plot_path:
-        plot_format(plot_path)  # a path that cannot take the plot fails now, not after the benchmark
-        require_matplotlib()
+        plot_format(plot_path)  # no matplotlib, or a path that cannot take the plot: fails now, not after the benchmark
     selected: dict[str, list[dict[str, Any]]] = {}
     if suites_opt or not prompts_file:
         builtin = load_suites()

@@ -151,12 +151,20 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[list[bool]]:
     """Within the block (main thread, default Ctrl-C handling only), Ctrl-C is noted instead of raised; the caller
-    raises it after the block. Loading runs C code that calls back into Python, where a KeyboardInterrupt vanishes."""
+    raises it after the block. Loading runs C code that calls back into Python, where a KeyboardInterrupt vanishes.
+    A second Ctrl-C ends the process at once (by SIGINT: nothing of the user's is being written while loading)."""
     seen: list[bool] = []
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield seen
         return
-    old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(True))
+
+    def note(signum: int, frame: Any) -> None:
+        if seen:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGINT)
+        seen.append(True)
+
+    old = signal.signal(signal.SIGINT, note)
     try:
         yield seen
     finally:
@@ -182,9 +190,9 @@ def _corpus_files(path: str) -> list[Path]:
 def _read_corpus_file(f: Path) -> str:
     """A corpus file's text: a regular file of at most CORPUS_MAX_FILE bytes, else one clear error."""
     try:
+        if not stat.S_ISREG(os.stat(f).st_mode):  # before opening: opening a FIFO would wait for a writer
+            raise EdgespecError(f"the lookup corpus {f} is not a regular file")
         with open(f, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                raise EdgespecError(f"the lookup corpus {f} is not a regular file")
             data = fh.read(CORPUS_MAX_FILE + 1)
     except OSError as e:
         raise EdgespecError(f"cannot read the lookup corpus {f}: {e.strerror or e}") from None

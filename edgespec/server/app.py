@@ -210,6 +210,8 @@ async def model(request: Request) -> Response:
     state = _state(request)
     card = _model_card(state)
     want = request.path_params["model_id"]
+    if not want:  # /v1/models/ is the list
+        return JSON({"object": "list", "data": [card]})
     if want != card["id"]:
         return error_response(APIError(404, f"the model {want!r} does not exist (this server serves {card['id']!r})",
                                        param="model", code="model_not_found"))
