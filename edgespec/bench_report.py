@@ -143,7 +143,7 @@ def plot_format(path: str | os.PathLike[str]) -> str:
 
 def plot_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Speedup per prompt (bars grouped by suite) and acceptance by draft position (a line per suite), written
-    atomically to `path` (png, svg or pdf by its suffix)."""
+    atomically to `path` (in the format its suffix names: plot_format)."""
     fmt = plot_format(path)
     import matplotlib
 

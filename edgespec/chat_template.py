@@ -21,12 +21,13 @@ instruct models.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 import threading
 import time
 from functools import lru_cache
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .errors import TemplateError
 
@@ -131,25 +132,36 @@ def _check_format(fmt: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> N
             raise TemplateError("chat template: a format width too large")
 
 
-def _bounded_filter(f: Any, name: str) -> Any:
+def _format_filter_check(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """do_format(value, *args, **kwargs) is value % (kwargs or args)."""
+    if args and isinstance(args[0], str):
+        _check_percent(args[0], kwargs or tuple(args[1:]))
+
+
+def _indent_filter_check(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """do_indent(s, width=4, ...): every line gets the indent (an int, or a string)."""
+    s = args[0] if args else ""
+    width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+    w = len(width) if isinstance(width, str) else width
+    lines = s.count("\n") + 1 if isinstance(s, str) else 1
+    if isinstance(w, int) and w * lines > MAX_VALUE_LENGTH:
+        raise TemplateError("chat template: an indent would build a value too large")
+
+
+def _center_filter_check(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """do_center(value, width=80)."""
+    _check_sizes(args[1:], kwargs)
+
+
+_FILTER_CHECKS = {"format": _format_filter_check, "indent": _indent_filter_check, "center": _center_filter_check}
+
+
+def _bounded_filter(f: Any, check: Callable[[Sequence[Any], Mapping[str, Any]], None]) -> Any:
+    @functools.wraps(f)  # also copies jinja2's calling convention (jinja_pass_arg)
     def bounded(*args: Any, **kwargs: Any) -> Any:
-        if name == "format":  # do_format(value, *args, **kwargs) is value % (kwargs or args)
-            if args and isinstance(args[0], str):
-                _check_percent(args[0], kwargs or tuple(args[1:]))
-        elif name == "indent":  # do_indent(s, width=4, ...): every line gets the indent
-            s = args[0] if args else ""
-            width = args[1] if len(args) > 1 else kwargs.get("width", 4)
-            w = len(width) if isinstance(width, str) else width
-            lines = s.count("\n") + 1 if isinstance(s, str) else 1
-            if isinstance(w, int) and w * lines > MAX_VALUE_LENGTH:
-                raise TemplateError("chat template: an indent would build a value too large")
-        else:  # center(value, width)
-            _check_sizes(args[1:], kwargs)
+        check(args, kwargs)
         return f(*args, **kwargs)
 
-    for attr in ("jinja_pass_arg",):  # keep jinja2's calling convention (environment/context-passing filters)
-        if hasattr(f, attr):
-            setattr(bounded, attr, getattr(f, attr))
     return bounded
 
 
@@ -193,8 +205,8 @@ def _compile(template: str) -> Any:
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template is {len(template):,} characters (at most {MAX_TEMPLATE_CHARS:,})")
     env = Env(trim_blocks=True, lstrip_blocks=True, loader=jinja2.BaseLoader())
-    for name in ("center", "indent", "format"):  # filters that pad to a width or format
-        env.filters[name] = _bounded_filter(env.filters[name], name)
+    for name, check in _FILTER_CHECKS.items():  # filters that pad to a width or format
+        env.filters[name] = _bounded_filter(env.filters[name], check)
     env.globals["raise_exception"] = raise_exception
     env.globals["range"] = _budget_range
     env.budget_iter = _budget_iter  # type: ignore[attr-defined]

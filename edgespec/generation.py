@@ -106,7 +106,7 @@ class Job:
         for w in list(self.wakers):
             try:
                 w()
-            except Exception:  # a waiter's event loop that is gone: nobody is left to wake there
+            except Exception:  # a waiter's event loop that is gone (RuntimeError): nobody is left to wake there
                 pass
 
 
@@ -211,13 +211,12 @@ class Generation:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the generation has ended; False if `timeout` passed first."""
-        if timeout is None:
-            self._not_on_worker()
+        self._not_on_worker(timeout)
         return self._job.done.wait(timeout)
 
-    def _not_on_worker(self) -> None:
+    def _not_on_worker(self, timeout: float | None) -> None:
         """Waiting without a timeout for a generation on the engine's own thread (in a callback) would wait forever."""
-        if threading.current_thread() is self._job.worker_thread and not self._job.done.is_set():
+        if timeout is None and threading.current_thread() is self._job.worker_thread and not self._job.done.is_set():
             raise ConfigError("an engine callback cannot wait for a generation (the engine would wait for itself)")
 
     @property
@@ -227,8 +226,7 @@ class Generation:
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
         raised)."""
-        if timeout is None:
-            self._not_on_worker()
+        self._not_on_worker(timeout)
         try:
             ended = self._job.done.wait(timeout)
         except BaseException:  # Ctrl-C while waiting: stop the work too
@@ -277,17 +275,14 @@ class Generation:
 
     def __next__(self) -> Chunk:
         job = self._job
+        if not job.items:  # about to block (only the worker pushes, so on the worker nothing arrives meanwhile)
+            self._not_on_worker(None)
         try:
             with job.lock:
-                if job.items:
-                    return job.items.popleft()
-                self._not_on_worker()
                 while not job.items and not job.done.is_set():
                     job.lock.wait()
                 if job.items:
                     return job.items.popleft()
-        except ConfigError:
-            raise
         except BaseException:  # Ctrl-C while waiting: stop the work too
             job.cancel()
             raise
@@ -302,11 +297,8 @@ class Generation:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # the loop was closed with this iteration still parked in it
-                pass
+        def wake() -> None:  # on a loop closed with this iteration still parked in it, this raises: Job._wake drops it
+            loop.call_soon_threadsafe(event.set)
 
         job.wakers.append(wake)
         try:

@@ -42,9 +42,7 @@ def test_bad_files_one_line_error_in_a_real_process(tiny, key, words):
     """A real process (a segfault would show as a negative return code), for info and for generate."""
     for args in (["info", str(tiny[key])], ["generate", "hi", "--target", str(tiny[key]), "--no-draft"]):
         p = subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, text=True, timeout=60)
-        assert p.returncode == 1, (args, p.returncode, p.stderr)
-        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
+        _one_line_error(p, words)
 
 
 def test_generate_json_same_ids_with_and_without_draft(tiny):

@@ -91,16 +91,21 @@ def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, l
     return f"{text if text.startswith('edgespec: ') else 'edgespec: ' + text}\n"
 
 
+def _devnull_onto(fd: int) -> None:
+    """Make descriptor `fd` write to /dev/null (it may be closed now)."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+
+
 def _stand_in_for_closed_streams() -> None:
     for fd in (1, 2):  # a closed descriptor would be the next file opened, and llama.cpp's own prints would land there
         try:
             os.fstat(fd)
         except OSError:
-            with contextlib.suppress(OSError):
-                null = os.open(os.devnull, os.O_WRONLY)
-                if null != fd:
-                    os.dup2(null, fd)
-                    os.close(null)
+            _devnull_onto(fd)
     if sys.stderr is None:
         sys.stderr = _ClosedStream("stderr", fail=False)
     if sys.stdout is None:
@@ -110,10 +115,10 @@ def _stand_in_for_closed_streams() -> None:
 def _silence_stdout() -> None:
     """Point stdout at /dev/null so that Python's flush at exit does not fail a second time."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # no descriptor behind it (closed, or a stand-in)
+        return
+    _devnull_onto(fd)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

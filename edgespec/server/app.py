@@ -207,11 +207,10 @@ async def models(request: Request) -> Response:
 
 async def model(request: Request) -> Response:
     """GET /v1/models/{id}: the card of the model served, or OpenAI's 404 for any other id."""
-    state = _state(request)
-    card = _model_card(state)
     want = request.path_params["model_id"]
     if not want:  # /v1/models/ is the list
-        return JSON({"object": "list", "data": [card]})
+        return await models(request)
+    card = _model_card(_state(request))
     if want != card["id"]:
         return error_response(APIError(404, f"the model {want!r} does not exist (this server serves {card['id']!r})",
                                        param="model", code="model_not_found"))
