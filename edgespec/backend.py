@@ -21,10 +21,12 @@ truncated (recurrent / hybrid architectures) are refused up front.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +34,7 @@ from .config import ModelSpec
 from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
 from .prompt_cache import PromptCache, common_prefix
+from .threads import ThreadTuner, candidate_counts
 
 import llama_cpp as C  # noqa: E402  (after the pure imports on purpose: this is the one place)
 
@@ -108,6 +111,13 @@ class Model:
                 "speculative decoding needs a truncatable KV cache"
             )
         self.n_threads = spec.n_threads or default_threads()
+        # Threads follow the machine's load (threads.py) unless the user fixed them, or the weights are all on a GPU
+        # (CPU threads then hardly matter and their timings say nothing about the load).
+        auto = spec.n_threads is None and not (spec.n_gpu_layers < 0 and C.llama_supports_gpu_offload())
+        cands = candidate_counts(self.n_threads) if auto else (self.n_threads,)
+        self.tuner: ThreadTuner | None = ThreadTuner(cands) if len(cands) > 1 else None
+        self._threads_now = self.n_threads
+        self._pinned = False
         n_ctx = spec.n_ctx
         n_batch = min(spec.n_batch, n_ctx)
         cparams = C.llama_context_default_params()
@@ -151,6 +161,41 @@ class Model:
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+
+    # ----------------------------------------------------------------- threads
+    @property
+    def threads_now(self) -> int:
+        """The thread count llama.cpp uses for the next small decode."""
+        return self.tuner.current if self.tuner is not None else self.n_threads
+
+    def threads_info(self) -> dict[str, Any]:
+        """How threads are chosen: {"mode": "fixed", "current": n} or the tuner's description."""
+        if self.tuner is None:
+            return {"mode": "fixed", "current": self.n_threads}
+        return self.tuner.describe()
+
+    @contextlib.contextmanager
+    def pinned_threads(self) -> Iterator[None]:
+        """Within the block every decode runs with the current count and teaches the tuner nothing (cost
+        measurements compare batch sizes, not thread counts)."""
+        old, self._pinned = self._pinned, True
+        try:
+            yield
+        finally:
+            self._pinned = old
+
+    def _llama_decode(self, batch: Any, n: int) -> int:
+        """llama_decode with the thread count the tuner picks for a batch of n tokens, timed for it."""
+        tuner = None if self._pinned else self.tuner
+        now = time.perf_counter()
+        t = tuner.choose(n, now) if tuner is not None else self.threads_now
+        if t != self._threads_now:
+            C.llama_set_n_threads(self._ctx, t, t)
+            self._threads_now = t
+        rc = int(C.llama_decode(self._ctx, batch))
+        if tuner is not None and rc == 0:
+            tuner.observe(t, n, time.perf_counter() - now, now)
+        return rc
 
     # ----------------------------------------------------------------- state
     @property
@@ -299,7 +344,7 @@ class Model:
             for r in chunk_rows:
                 self._want[r - c0] = 1
             self._batch.n_tokens = m
-            rc = C.llama_decode(self._ctx, self._batch)
+            rc = self._llama_decode(self._batch, m)
             if rc != 0:
                 C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)  # drop whatever part of this call was stored
                 raise BackendError(f"llama_decode failed with code {rc}")
@@ -362,7 +407,7 @@ class Model:
                     b.seq_id[i][k] = sid
                 b.logits[i] = 1
             b.n_tokens = n
-            rc = C.llama_decode(self._ctx, b)
+            rc = self._llama_decode(b, n)
         finally:
             for i in range(n):  # the batch's slots belong to sequence 0 again (decode() relies on it)
                 b.n_seq_id[i] = 1

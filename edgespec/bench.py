@@ -309,10 +309,19 @@ def _describe_engine(engine: Any) -> dict[str, Any]:
         "drafter": engine.drafter_kind,
         "draft_max": spec.draft_max,
         "adaptive": spec.adaptive,
-        "threads": engine.target.n_threads,
+        "threads": threads_text(engine.target.threads_info()),
+        "threads_detail": {"target": engine.target.threads_info(), "draft": engine.draft.threads_info() if engine.draft is not None else None},
         "n_ctx": engine.target.n_ctx,
         "n_gpu_layers": engine.target.spec.n_gpu_layers,
     }
+
+
+def threads_text(info: Mapping[str, Any]) -> str:
+    """'2 (fixed)' or 'auto 2/1, now 1, decodes 2: 310, 1: 42' for a model's threads_info()."""
+    if info.get("mode") != "auto":
+        return f"{info['current']} (fixed)"
+    used = ", ".join(f"{c}: {n}" for c, n in info["decodes"].items())
+    return f"auto {'/'.join(map(str, info['candidates']))}, now {info['current']}, decodes {used}"
 
 
 def public_report(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,8 @@ class ModelSpec:
     """How to load one GGUF model.
 
     n_gpu_layers: layers offloaded to the GPU (-1 = all, 0 = CPU only). Ignored by CPU-only builds.
-    n_threads: CPU threads (None = all cores this process may use).
+    n_threads: CPU threads, fixed (None = chosen while running from measured decode speed among all cores this
+        process may use, one fewer and half of them: the count follows the machine's load; see threads.py).
     n_ctx: context window in tokens (prompt + output).
     n_batch: largest number of tokens per llama_decode call (prefill is split into chunks of this size; a
         cancel request is seen between chunks).

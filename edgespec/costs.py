@@ -60,9 +60,10 @@ class VerifyCurve:
 
     `update(n, seconds)` refines it online with an exponential moving average per size, x <- (1 - alpha) x +
     alpha * min(measured, 2x) (one stalled decode moves it little). SHIFT_RUN consecutive observations of a size
-    that are all more than SHIFT_FACTOR off set `suspect`: the owner should re-measure the curve (`replace`).
-    Without an owner that does, the size's point jumps to the median of those observations, so the curve follows
-    the machine either way. A frozen curve ignores observations (seeded runs plan reproducibly).
+    that are all more than SHIFT_FACTOR off mean the machine changed (another process took a core, or left): the
+    whole curve is scaled by the median of those ratios, so sizes not decoded lately follow too, and refined online
+    from there. Nothing is ever re-measured in the middle of a request. A frozen curve ignores observations (seeded
+    runs plan reproducibly).
     """
 
     def __init__(self, points: Mapping[int, float], *, alpha: float = 0.2, frozen: bool = False) -> None:
@@ -70,15 +71,14 @@ class VerifyCurve:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.alpha = float(alpha)
         self.frozen = frozen
-        self.suspect = False  # a level shift was seen: the curve should be re-measured
-        self.shifts = 0  # level shifts seen so far
+        self.shifts = 0  # level shifts seen so far (each one rescaled the whole curve)
         self.version = 0  # bumped whenever the curve changes (for cached decisions)
         self._points: dict[int, float] = {}
         self._recent: dict[int, deque[float]] = {}
         self.replace(points)
 
     def replace(self, points: Mapping[int, float]) -> None:
-        """Start over from new measurements {n: seconds} (a recalibration); clears `suspect`."""
+        """Start over from new measurements {n: seconds}."""
         if not points:
             raise ValueError("a verify curve needs at least one measurement {n: seconds}")
         clean: dict[int, float] = {}
@@ -89,7 +89,6 @@ class VerifyCurve:
             clean[n] = s
         self._points = clean
         self._recent = {}
-        self.suspect = False
         self._rebuild()
 
     def copy(self, *, frozen: bool | None = None) -> "VerifyCurve":
@@ -133,10 +132,12 @@ class VerifyCurve:
         if len(recent) == SHIFT_RUN and (
             all(r > SHIFT_FACTOR for r in recent) or all(r < 1.0 / SHIFT_FACTOR for r in recent)
         ):
-            self.suspect = True
             self.shifts += 1
-            self._points[n] = old * float(np.median(list(recent)))
-            recent.clear()
+            ratio = float(np.median(list(recent)))
+            self._points = {m: v * ratio for m, v in self._points.items()}
+            self._points[n] = old * ratio
+            for r in self._recent.values():
+                r.clear()
         else:
             self._points[n] = (1.0 - self.alpha) * old + self.alpha * min(float(seconds), 2.0 * old)
         self._rebuild()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import time
 import weakref
 from concurrent.futures import Future
 from pathlib import Path
@@ -46,12 +45,9 @@ from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
-# A level shift in the timings triggers a quick re-measurement (a few batch sizes, one round, at the end of the
-# context); the n-th one waits RECALIBRATE_AFTER * 2**n seconds after the previous one (at most RECALIBRATE_MAX), so a
-# machine whose load keeps changing pays a few seconds now and then, never a measurement per generation.
-RECALIBRATE_AFTER = 30.0
-RECALIBRATE_MAX = 1800.0
-RECALIBRATE_SIZES = (1, 2, 4, 8, 16)
+# Costs are measured once, at load (cached per machine), and then learnt from the decodes generation does anyway
+# (costs.VerifyCurve follows a change of the machine's load within a few cycles): nothing is measured inside a
+# request. The thread count of each model follows the load the same way (threads.py, in the backend).
 
 
 # --------------------------------------------------------------------------------------------- checks
@@ -102,8 +98,6 @@ class Engine:
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
-        self._last_recalibration = 0.0
-        self._n_recalibrations = 0
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._closed = False
@@ -170,7 +164,7 @@ class Engine:
             # second thread that ever computed keeps a second OpenMP pool; with more pool threads than cores,
             # libgomp stops spinning at its barriers and every decode got ~40% slower (measured, docs/benchmarks.md).
             try:
-                eng.set_calibration(eng.submit(lambda e: cal.calibrate(e.target, e.draft)).result())
+                eng.set_calibration(eng.submit(lambda e: _calibrate(e.target, e.draft)).result())
             except BaseException:
                 eng.close()
                 raise
@@ -382,19 +376,6 @@ class Engine:
 
     # ----------------------------------------------------------------------------- the worker's side
 
-    def _recalibrate_if_needed(self, stats: GenerationStats) -> None:
-        now = time.perf_counter()
-        wait = min(RECALIBRATE_AFTER * 2.0**self._n_recalibrations, RECALIBRATE_MAX)
-        if not self.curve.suspect or (self._n_recalibrations and now - self._last_recalibration < wait):
-            return
-        self._last_recalibration = now
-        self._n_recalibrations += 1
-        points, _ = cal.measure_at_end(self.target, RECALIBRATE_SIZES, rounds=1)
-        stats.timings.calibration += time.perf_counter() - now
-        if points:
-            self.curve.replace(points)  # the sizes in between are interpolated, then refined online
-            stats.recalibrations += 1
-
     def _run(
         self,
         job: Job,
@@ -421,8 +402,8 @@ class Engine:
         steps: Generator[Step, None, None] = speculate(
             self.target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=on_prefill,
-            after_cycle=lambda: self._recalibrate_if_needed(stats),
         )
+        decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in (self.target, self.draft) if m is not None}
         try:
             for step in steps:
                 if self._emit(job, step, detok, ids, texts):
@@ -439,6 +420,7 @@ class Engine:
             if speculator is not None:
                 stats.controller = speculator.stats()
             self.draft_cost = cost.c_draft
+            stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
         """Hand a step's text to the caller: its accepted draft tokens, then the target's own, each pushed token by
@@ -464,6 +446,24 @@ class Engine:
         with job.lock:
             texts.append(chunk.text)
         job.push(chunk)
+
+
+def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
+    """The load-time cost measurement, each model at the thread count it runs with now."""
+    with target.pinned_threads():
+        if draft is None:
+            return cal.calibrate(target, None)
+        with draft.pinned_threads():
+            return cal.calibrate(target, draft)
+
+
+def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
+    """A model's thread choice for one generation: how it chooses, the count at the end, and (when it chooses by
+    itself) how many decodes ran with each count during the generation."""
+    info = model.threads_info()
+    if "decodes" in info:
+        info["decodes"] = {c: n - before.get(c, 0) for c, n in info["decodes"].items()}
+    return info
 
 
 def _curve(calibration: cal.Calibration) -> VerifyCurve:

@@ -177,7 +177,7 @@ def speculate(
     Stops at an end-of-generation token (included in the last step), at max_tokens, when the context is full, or
     when `should_stop()` turns true (checked before every cycle and between prefill chunks); stats.stop_reason says
     which ("eos", "length", "context", "cancelled"). `on_prefill(done, total)` reports prefill progress;
-    `after_cycle()` runs between cycles (the engine re-measures costs there when they turn out wrong). `clock()` gives
+    `after_cycle()` runs between cycles (a hook for tools; the engine measures nothing there). `clock()` gives
     the seconds the stats and the policies see (a replay passes a virtual clock). The caller may stop iterating at
     any time; the target's cache stays consistent.
     """

@@ -21,7 +21,6 @@ class Timings:
     draft: float = 0.0
     target: float = 0.0
     overhead: float = 0.0
-    calibration: float = 0.0
 
     def add(self, other: "Timings") -> None:
         for name in self.__dataclass_fields__:
@@ -96,14 +95,14 @@ class GenerationStats(_Ratios):
     wall: float = 0.0  # seconds from the start of processing (after the queue) to the end
     ttft: float = 0.0  # seconds from the start of processing to the first generated token
     stop_reason: str = ""  # "eos", "length", "stop", "context", "cancelled", "error"
-    recalibrations: int = 0
     costs: dict[str, Any] = field(default_factory=dict)  # what the controller planned with at the start
     controller: dict[str, Any] = field(default_factory=dict)  # its decisions and estimates at the end
+    threads: dict[str, Any] = field(default_factory=dict)  # per model: how its CPU thread count was chosen, and used
 
     @property
     def decode_seconds(self) -> float:
-        """Generation time after prefill (re-measurements of the costs, timings.calibration, are not decoding)."""
-        return max(self.wall - self.timings.prefill - self.timings.calibration, 1e-9)
+        """Generation time after prefill."""
+        return max(self.wall - self.timings.prefill, 1e-9)
 
     def _decode_seconds(self) -> float:
         return self.decode_seconds
@@ -125,7 +124,7 @@ class GenerationStats(_Ratios):
     def finish(self, wall: float) -> None:
         self.wall = wall
         t = self.timings
-        t.overhead = max(0.0, wall - t.prefill - t.draft - t.target - t.calibration)
+        t.overhead = max(0.0, wall - t.prefill - t.draft - t.target)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -150,9 +149,9 @@ class GenerationStats(_Ratios):
             "ttft": round(self.ttft, 4),
             "seconds": {**self.timings.as_dict(), "wall": round(self.wall, 4), "decode": round(self.decode_seconds, 4)},
             "stop_reason": self.stop_reason,
-            "recalibrations": self.recalibrations,
             "costs": self.costs,
             "controller": self.controller,
+            "threads": self.threads,
         }
 
 

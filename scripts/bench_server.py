@@ -13,10 +13,8 @@ emptied), greedy, so both sides generate the same tokens; the order of the two s
   differs between the sides: request parsing, the queue hop, SSE framing, loopback, and the client's parsing.
 * process mode: the real command in a subprocess with the same options, and an Engine of its own here.
 
-The engine re-measures its costs mid-generation when they drift (a pause of up to seconds on a loaded machine);
-in thread mode that is switched off for the run (--allow-recalibration keeps it), since it would land on one side
-or the other at random. Besides the totals, the median of the per-run ratios is printed: it is robust to the
-other processes of a shared machine.
+Besides the totals, the median of the per-run ratios is printed: it is robust to the other processes of a shared
+machine.
 
 The wall-clock comparison is only as steady as the machine: on a shared or loaded one, other processes' work
 lands on either side at random. The script therefore also reports (thread mode, Linux) the CPU time the HTTP
@@ -222,13 +220,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--ngl", type=int, default=0, help="GPU layers (-1 = all)")
     ap.add_argument("--fixed-k", type=int, default=None, metavar="K", help="draft exactly K tokens per cycle (no adaptive controller: less variance)")
-    ap.add_argument("--allow-recalibration", action="store_true", help="keep the engine's mid-generation cost re-measurement")
     ap.add_argument("--json-out")
     args = ap.parse_args()
-    if not args.allow_recalibration:
-        import edgespec.engine
-
-        edgespec.engine.RECALIBRATE_EVERY = float("inf")  # this process's engine only (process mode's server keeps it)
 
     target, draft, what = models(args)
     spec = lambda p: ModelSpec(p, n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.ngl)  # noqa: E731

@@ -135,50 +135,51 @@ def test_an_unwritable_cache_is_not_an_error(models, tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------- during generation
-def test_level_shift_marks_the_curve_suspect_after_a_few_observations():
+def test_a_level_shift_rescales_the_whole_curve_after_a_few_observations():
     c = VerifyCurve({1: 2.2, 8: 2.3})  # flat and 27x too slow
     for _ in range(SHIFT_RUN):
-        assert not c.suspect
+        assert c.shifts == 0
         c.update(1, 0.08)
-    assert c.suspect and c.points[1] < 0.2  # the size's point follows the machine at once
+    assert c.shifts == 1 and c.points[1] < 0.2  # the size's point follows the machine at once
+    assert c.points[8] < 0.2  # and so does every size not decoded lately (the whole curve moved)
     hiccup = VerifyCurve({1: 0.08, 8: 0.5})
     for s in (0.08, 0.5, 0.08, 0.09, 0.5, 0.08):  # isolated slow decodes are not a level shift
         hiccup.update(1, s)
-    assert not hiccup.suspect
+    assert hiccup.shifts == 0 and hiccup.points[8] == 0.5
+
+
+def test_a_machine_that_gets_busy_moves_the_curve_up_within_a_few_cycles():
+    c = VerifyCurve({1: 0.03, 2: 0.05, 4: 0.08, 8: 0.15})
+    for _ in range(SHIFT_RUN):
+        c.update(3, 0.20)  # a size between the measured ones, 3x what the curve says
+    assert c.shifts == 1
+    assert all(2.5 < c.points[n] / v < 3.5 for n, v in {1: 0.03, 2: 0.05, 4: 0.08, 8: 0.15}.items())
 
 
 @pytest.mark.parametrize("poison", ["flat-slow", "ten-times"])
-def test_a_poisoned_engine_recovers_within_a_bounded_number_of_cycles(tiny, cache, poison, monkeypatch):
-    """The engine starts from a poisoned curve (bypassing the load check). After SHIFT_RUN observations of one batch
-    size that disagree with it, it re-measures at the end of the context and plans with the new measurement. (What
-    is asserted is the mechanism: tiny models decode in a fraction of a millisecond, so their timings on a busy
-    machine swing too much to compare numbers.)"""
+def test_a_poisoned_engine_recovers_without_measuring_inside_the_request(tiny, cache, poison, monkeypatch):
+    """The engine starts from a poisoned curve (bypassing the load check). Within SHIFT_RUN observations of one batch
+    size the curve follows the live decodes; nothing is measured inside the request (no calibration function runs,
+    and no decode happens outside the generation's own cycles)."""
     t = Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1))
     d = Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1))
     true = cal.measure_decode_costs(t)[0]
     bad = {n: 2.2 for n in cal.SIZES} if poison == "flat-slow" else {n: 10 * s for n, s in true.items()}
     calls = []
-    real = cal.measure_at_end
-
-    def spy(model, *a, **kw):
-        out = real(model, *a, **kw)
-        calls.append((model.n_past, out[0]))
-        return out
-
-    monkeypatch.setattr(cal, "measure_at_end", spy)
+    for name in ("measure_at_end", "measure_decode_costs", "quick_check", "calibrate"):
+        monkeypatch.setattr(cal, name, lambda *a, _n=name, **kw: calls.append(_n))
     spec = SpecConfig(draft_max=4)
     eng = Engine(t, d, spec=spec, calibration=cal.Calibration(bad, 1e-4, "cache"))
     try:
         prompt = eng.prompt_tokens("abc d")
+        before = t.n_decoded
         r = eng.generate(tokens=prompt, sampling=SamplingParams(temperature=0), max_tokens=60)
-        assert r.stats.recalibrations == 1 and len(calls) == 1 and r.stats.timings.calibration > 0
-        at, measured = calls[0]
-        # within SHIFT_RUN cycles of one size: each cycle adds at most draft_max + 1 tokens
-        assert at - len(prompt) <= SHIFT_RUN * (spec.draft_max + 1)
-        from edgespec.engine import RECALIBRATE_SIZES
-
-        assert set(measured) == set(RECALIBRATE_SIZES) and all(measured[n] != bad[n] for n in measured)
-        assert all(v != bad.get(n) for n, v in eng.curve.points.items())  # the poison is gone (measured, refined online)
+        assert calls == []
+        assert "calibration" not in r.stats.as_dict()["seconds"]
+        # every target decode was the prompt or a cycle's verify
+        assert t.n_decoded - before == r.stats.n_prefill + r.stats.n_cycles + r.stats.n_drafted - 1
+        assert eng.curve.shifts >= 1
+        assert all(v < bad[n] / 3 for n, v in eng.curve.points.items() if n in bad)  # the poison is gone
     finally:
         eng.close()
 

@@ -29,11 +29,11 @@ def test_a_record_counts_cycles_positions_and_sources() -> None:
     assert d["acceptance_by_pos"] == [1.0, 1.0, 0.0] and d["seconds"]["decode"] == pytest.approx(0.8)
 
 
-def test_calibration_time_is_not_decode_time() -> None:
+def test_decode_time_is_wall_time_after_prefill() -> None:
     s = _record([(0, 0, 1, "plain")], wall=1.0, prefill=0.1)
-    s.timings.calibration = 0.5
     s.finish(1.0)
-    assert s.decode_seconds == pytest.approx(0.4) and s.timings.overhead == pytest.approx(1.0 - 0.1 - 0.1 - 0.5)
+    assert s.decode_seconds == pytest.approx(0.9) and s.timings.overhead == pytest.approx(1.0 - 0.1 - 0.1)
+    assert "calibration" not in s.as_dict()["seconds"]  # nothing is measured inside a request any more
 
 
 def test_totals_are_sums_of_records() -> None:

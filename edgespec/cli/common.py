@@ -44,7 +44,9 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Target layers offloaded to the GPU (-1 = all)."),
         click.option("--draft-gpu-layers", type=click.IntRange(min=-1, max=100_000), default=None,
                      help="Draft layers on the GPU (default: as --n-gpu-layers)."),
-        click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all available cores)."),
+        click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None,
+                     help="CPU threads, fixed (default: chosen while running by measured decode speed among all cores, "
+                     "one fewer and half: it follows the machine's load)."),
         click.option("--ctx", "n_ctx", type=click.IntRange(16, MAX_CTX), default=4096, show_default=True, help="Context window in tokens."),
         click.option("--lookup-corpus", "lookup_corpus", multiple=True, type=click.Path(exists=True), metavar="PATH",
                      help=f"Files (at most {CORPUS_MAX_FILE // 2**20} MiB each) or folders of text files the suffix drafter may "

@@ -11,6 +11,15 @@ import click
 from .common import out
 
 
+def _threads() -> dict[str, Any]:
+    """What a model loaded now without --threads would use (the engine follows the machine's load among these)."""
+    from ..backend import default_threads
+    from ..threads import candidate_counts
+
+    cands = candidate_counts(default_threads())
+    return {"mode": "auto", "candidates": list(cands)} if len(cands) > 1 else {"mode": "fixed", "current": cands[0]}
+
+
 @click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -26,6 +35,7 @@ def info(files: tuple[str, ...], as_json: bool) -> None:
         c = check_pair(infos[0], infos[1])
         result["compatible"] = c.ok
         result["problems"] = list(c.problems)
+    result["threads"] = _threads()
     if as_json:
         out(json.dumps(result, indent=2))
     else:
@@ -41,6 +51,9 @@ def info(files: tuple[str, ...], as_json: bool) -> None:
             out(f"  vocabulary    {s['vocab_size']} tokens ({s['tokenizer']}, pre {s['tokenizer_pre']}), "
                 f"bos {s['bos_token_id']}, eos {s['eos_token_id']}, add_bos {s['add_bos_token']}")
             out(f"  chat template {'yes' if s['chat_template'] else 'no (ChatML fallback)'}")
+        t = result["threads"]
+        out(f"threads: {t['mode']}, " + (f"the faster of {'/'.join(map(str, t['candidates']))} by measured decode speed (--threads N fixes it)"
+                                          if t["mode"] == "auto" else f"{t['current']}"))
         if len(infos) == 2:
             out("pair: " + ("compatible" if result["compatible"] else "INCOMPATIBLE: " + "; ".join(result["problems"])))
     if len(infos) == 2 and not result["compatible"]:
