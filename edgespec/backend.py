@@ -184,6 +184,20 @@ class Model:
         finally:
             self._pinned = old
 
+    def warm_threads(self) -> None:
+        """Let the tuner compare its thread counts on a few single-token decodes (at load, before the costs are
+        measured at the count it then prefers); the cache is left empty. Nothing to do with a fixed count."""
+        if self.tuner is None:
+            return
+        self.reset()
+        base = [self.bos if 0 <= self.bos < self.n_vocab else 0]
+        self._decode(base, 0, (), None, None)
+        for i in range(2 * len(self.tuner.candidates) + 2):
+            if self.n_past + 1 > self.n_ctx:
+                break
+            self._decode([(7 * i + 11) % self.n_vocab], self.n_past, (), None, None)
+        self.reset()
+
     def _llama_decode(self, batch: Any, n: int) -> int:
         """llama_decode with the thread count the tuner picks for a batch of n tokens, timed for it."""
         tuner = None if self._pinned else self.tuner

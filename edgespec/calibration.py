@@ -155,7 +155,9 @@ def _build_id() -> str:
 
 def model_key(model: Any) -> list[Any]:
     st = os.stat(model.spec.path)
-    return [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, model.n_threads, model.spec.n_gpu_layers, model.n_batch]
+    # the thread count the curve is measured at (backend: the one the tuner prefers now; tests may pass fakes)
+    threads = getattr(model, "threads_now", model.n_threads)
+    return [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, threads, model.spec.n_gpu_layers, model.n_batch]
 
 
 def entry_key(target: Any, draft: Any | None) -> str:

@@ -449,7 +449,11 @@ class Engine:
 
 
 def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
-    """The load-time cost measurement, each model at the thread count it runs with now."""
+    """The load-time cost measurement, each model at the thread count it prefers now (a few single-token decodes
+    compare the counts first: all cores on a machine where one is taken would make the measurement crawl)."""
+    for m in (target, draft):
+        if m is not None:
+            m.warm_threads()
     with target.pinned_threads():
         if draft is None:
             return cal.calibrate(target, None)

@@ -90,7 +90,7 @@ def test_a_poisoned_curve_fails_its_quick_check_at_load(cache, models):
     t, d = models
     key = cal.entry_key(t, d)
     good = cal.calibrate(t, d)
-    for poison in ({n: 2.2 for n in cal.SIZES}, {n: 100 * s for n, s in good.verify.items()}):
+    for poison in ({n: 2.2 for n in cal.SIZES}, {n: 100 * good.verify[1] for n in cal.SIZES}):  # flat: plausible whatever noise `good` has
         cal.store(key, cal.Calibration(poison, good.draft, "measured"))
         assert cal.load_cached(key) is not None  # plausible on its own ...
         c = cal.calibrate(t, d)
@@ -156,7 +156,7 @@ def test_a_machine_that_gets_busy_moves_the_curve_up_within_a_few_cycles():
     assert all(2.5 < c.points[n] / v < 3.5 for n, v in {1: 0.03, 2: 0.05, 4: 0.08, 8: 0.15}.items())
 
 
-@pytest.mark.parametrize("poison", ["flat-slow", "ten-times"])
+@pytest.mark.parametrize("poison", ["flat-slow", "thousand-times"])
 def test_a_poisoned_engine_recovers_without_measuring_inside_the_request(tiny, cache, poison, monkeypatch):
     """The engine starts from a poisoned curve (bypassing the load check). Within SHIFT_RUN observations of one batch
     size the curve follows the live decodes; nothing is measured inside the request (no calibration function runs,
@@ -164,7 +164,8 @@ def test_a_poisoned_engine_recovers_without_measuring_inside_the_request(tiny, c
     t = Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1))
     d = Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1))
     true = cal.measure_decode_costs(t)[0]
-    bad = {n: 2.2 for n in cal.SIZES} if poison == "flat-slow" else {n: 10 * s for n, s in true.items()}
+    # poisons far beyond what a busy machine does to tiny models (timings of sub-millisecond decodes swing 10x)
+    bad = {n: 2.2 for n in cal.SIZES} if poison == "flat-slow" else {n: 1000 * s for n, s in true.items()}
     calls = []
     for name in ("measure_at_end", "measure_decode_costs", "quick_check", "calibrate"):
         monkeypatch.setattr(cal, name, lambda *a, _n=name, **kw: calls.append(_n))
@@ -179,7 +180,7 @@ def test_a_poisoned_engine_recovers_without_measuring_inside_the_request(tiny, c
         # every target decode was the prompt or a cycle's verify
         assert t.n_decoded - before == r.stats.n_prefill + r.stats.n_cycles + r.stats.n_drafted - 1
         assert eng.curve.shifts >= 1
-        assert all(v < bad[n] / 3 for n, v in eng.curve.points.items() if n in bad)  # the poison is gone
+        assert all(v < bad[n] / 10 for n, v in eng.curve.points.items() if n in bad)  # the poison is gone
     finally:
         eng.close()
 

@@ -150,3 +150,18 @@ def test_generation_stats_report_the_threads(tiny):
         th = r.stats.as_dict()["threads"]
         assert th["target"] == {"mode": "fixed", "current": 1}
         assert th["draft"]["current"] >= 1
+
+
+def test_warm_threads_compares_the_counts_before_costs_are_measured(tiny, monkeypatch):
+    import edgespec.backend as B
+    from edgespec.config import ModelSpec
+
+    monkeypatch.setattr(B, "default_threads", lambda: 2)
+    with B.Model(ModelSpec(tiny["target"], n_ctx=256)) as m:
+        m.warm_threads()
+        info = m.threads_info()
+        assert info["probes"] >= 1 and all(n > 0 for n in info["decodes"].values())  # both counts were timed
+        assert m.n_past == 0
+    with B.Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=2)) as fixed:
+        fixed.warm_threads()  # nothing to compare: no decode at all
+        assert fixed.n_decoded == 0
