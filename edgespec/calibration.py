@@ -8,8 +8,8 @@ Three things keep one busy moment from deciding for good:
   cached.
 * A cached curve is checked at every load: three single-token decodes must agree with it within CHECK_FACTOR, or
   the curve is measured again.
-* During generation the engine watches timings (costs.VerifyCurve flags a level shift) and re-measures at the end
-  of the current context (`measure_at_end`), then rewrites the cache.
+* During generation the curve learns from the decodes the engine does anyway (costs.VerifyCurve rescales itself on
+  a level shift); nothing is measured inside a request.
 
 The cache (`calibration.json` in the user cache dir) is advisory: an entry that is malformed, implausible or whose
 model file is gone is ignored and the file rewritten; entries expire after MAX_AGE_DAYS and at most MAX_ENTRIES
@@ -108,17 +108,6 @@ def measure_decode_costs(model: Any, sizes: Sequence[int] = SIZES, rounds: int =
         extra += 1
         steady = _steady({n: v[-3:] for n, v in times.items()})
     model.reset()
-    return {n: statistics.median(v) for n, v in times.items()}, steady
-
-
-def measure_at_end(model: Any, sizes: Sequence[int] = SIZES, rounds: int = 2) -> tuple[dict[int, float], bool]:
-    """Like measure_decode_costs, but after the tokens the cache holds now (a realistic context length); the cache
-    holds exactly them again afterwards. Sizes that do not fit in the remaining context are skipped."""
-    start = model.n_past
-    sizes = _fits(model, sizes, start)
-    if not sizes:
-        return {}, False
-    times, steady = _time_sizes(model, sizes, start, rounds)
     return {n: statistics.median(v) for n, v in times.items()}, steady
 
 
@@ -260,7 +249,6 @@ __all__ = [
     "SIZES",
     "Calibration",
     "measure_decode_costs",
-    "measure_at_end",
     "quick_check",
     "agrees",
     "cache_path",

@@ -471,7 +471,7 @@ def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
 
 
 def _curve(calibration: cal.Calibration) -> VerifyCurve:
-    """The engine's verify curve: live (every generation refines it, a level shift re-measures it) for measured
+    """The engine's verify curve: live (every generation refines it, a level shift rescales it) for measured
     costs; frozen for costs the caller fixed (source "fixed": they are what it plans with, whatever the clock says)."""
     return VerifyCurve(calibration.verify, frozen=calibration.source == "fixed")
 

@@ -167,7 +167,7 @@ def test_a_poisoned_engine_recovers_without_measuring_inside_the_request(tiny, c
     # poisons far beyond what a busy machine does to tiny models (timings of sub-millisecond decodes swing 10x)
     bad = {n: 2.2 for n in cal.SIZES} if poison == "flat-slow" else {n: 1000 * s for n, s in true.items()}
     calls = []
-    for name in ("measure_at_end", "measure_decode_costs", "quick_check", "calibrate"):
+    for name in ("measure_decode_costs", "quick_check", "calibrate"):
         monkeypatch.setattr(cal, name, lambda *a, _n=name, **kw: calls.append(_n))
     spec = SpecConfig(draft_max=4)
     eng = Engine(t, d, spec=spec, calibration=cal.Calibration(bad, 1e-4, "cache"))
