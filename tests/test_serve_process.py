@@ -110,3 +110,13 @@ def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path,
     assert "Traceback" not in err and "Exception in" not in err, err
     assert s.proc.returncode in (130, -signal.SIGINT), (s.proc.returncode, err)
     assert list((tmp_path / "cache" / "suffix").glob("*.idx")), err  # the shutdown ran: the memory was saved
+
+
+def test_a_body_that_would_tokenize_to_millions_of_ids_is_refused_before_tokenizing(keyed):
+    import httpx
+
+    prompt = "ab " * (3 << 20)  # 9 MiB: far more than 256 tokens of the tiny vocabulary can hold
+    r = httpx.post(keyed.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1},
+                   headers={"Authorization": b"Bearer " + KEY.encode()}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert "far more than a context of 256 tokens" in r.json()["error"]["message"]
