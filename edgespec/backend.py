@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import ModelSpec
+from .config import ModelSpec, check_tree_fits
 from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
 from .prompt_cache import PromptCache, common_prefix
@@ -88,6 +88,8 @@ class Model:
     """
 
     def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0, tree_paths: int = 0) -> None:
+        if tree_paths > 0:
+            check_tree_fits(spec, int(tree_paths))  # before loading: llama.cpp aborts the process on a smaller batch
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()

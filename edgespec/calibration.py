@@ -18,17 +18,19 @@ are kept. Writes are atomic.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .fsutil import atomic_write_text
+from .fsutil import atomic_write_text, clear_odd_file, loads_json, read_json_file
 from .paths import cache_dir
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17)
@@ -176,14 +178,29 @@ def valid_entry(entry: Any) -> Calibration | None:
     return Calibration(verify, draft, "cache")
 
 
+MAX_TABLE_BYTES = 16 * 1024 * 1024  # MAX_ENTRIES entries take a few kB; more is not this cache
+
+
 def _read_table(path: Path) -> dict[str, Any]:
+    """The cache's entries; {} (with one warning, as it is then measured again and rewritten) when the file is not
+    a regular file (a FIFO is never waited on), is too large, or is not the cache's strict JSON (NaN, a 5,000-digit
+    number, 100,000-deep nesting)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested JSON
-        return {}
+        data = read_json_file(path, MAX_TABLE_BYTES)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):  # no cache yet (or no folder for one): nothing to say
+            return {}
+        return _dropped(path, e.strerror or str(e))
+    except ValueError as e:
+        return _dropped(path, f"not valid JSON ({' '.join(str(e).split())[:120]})")
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
-        return {}
+        return {}  # another format (an older edgespec's): replaced quietly
     return data["entries"]
+
+
+def _dropped(path: Path, why: str) -> dict[str, Any]:
+    warnings.warn(f"edgespec: ignoring the calibration cache {path}: {why}; costs are measured again", RuntimeWarning, stacklevel=3)
+    return {}
 
 
 def _prune(entries: dict[str, Any], now: float) -> dict[str, Any]:
@@ -193,12 +210,20 @@ def _prune(entries: dict[str, Any], now: float) -> dict[str, Any]:
         if cal is None or now - float(entry["when"]) > MAX_AGE_DAYS * 86400:
             continue
         try:
-            target_path = json.loads(key)[0][0]
+            target_path = loads_json(key)[0][0]
+            if not isinstance(target_path, str):
+                continue
         except (ValueError, TypeError, IndexError, KeyError):
             continue
         if not os.path.exists(target_path):
             continue
-        keep.append((float(entry.get("used", entry["when"])), key, entry))
+        try:
+            used = float(entry.get("used", entry["when"]))
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(used):
+            continue
+        keep.append((used, key, entry))
     keep.sort(reverse=True)
     return {key: entry for _, key, entry in keep[:MAX_ENTRIES]}
 
@@ -216,6 +241,7 @@ def store(key: str, cal: Calibration) -> None:
     entries = _prune(entries, now)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        clear_odd_file(path)  # a FIFO or an empty folder where the cache belongs: rebuilt
         atomic_write_text(path, json.dumps({"format": FORMAT, "entries": entries}, indent=1))
     except OSError:
         pass

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from .chat_template import clip_segments
 from .config import SamplingParams, check_stop
 from .detok import complete_utf8
-from .errors import ConfigError, EdgespecError
-from .fsutil import atomic_write_text
+from .errors import ConfigError, ContextFullError, EdgespecError
+from .fsutil import atomic_write_text, read_json_file
 from .stats import GenerationStats, Totals
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,6 +190,7 @@ class ChatSession:
         self.text = ""  # the template text `tokens` stand for
         self.totals = Totals()
         self.dropped_turns = 0  # turns dropped to make room, over the whole session
+        self.notes: list[str] = []  # remarks from the last load() for the user (a foreign cache, another model)
         self._pending: Turn | None = None
 
     # -------------------------------------------------------------- conversation state
@@ -250,6 +251,10 @@ class ChatSession:
         the answer is recorded in the conversation when it ends or is closed."""
         if not isinstance(text, str):
             raise ChatError("a message must be text")
+        try:
+            self.engine.check_prompt_size(len(text))  # before rendering and tokenizing a message that cannot fit
+        except ContextFullError as e:
+            raise ChatContextError(f"the message does not fit: {e}") from None
         self._settle()
         user = {"role": "user", "content": text}
         msgs = self.messages + [user]
@@ -321,6 +326,8 @@ class ChatSession:
 
     # -------------------------------------------------------------- persistence
     def settings(self) -> dict[str, Any]:
+        """What the conversation was generated with. target..n_ctx describe the engine (informative on load); the
+        rest (max_tokens, stop, speculative, sampling) are the session's own and are restored by load()."""
         eng = self.engine
         return {
             "target": os.path.abspath(eng.target.spec.path),
@@ -329,32 +336,295 @@ class ChatSession:
             "draft_max": eng.spec.draft_max,
             "n_ctx": self.n_ctx,
             "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "speculative": self.speculative,
             "sampling": asdict(self.sampling),
         }
 
     def as_dict(self) -> dict[str, Any]:
-        """The conversation as it stands: every ended turn, then a turn still being answered with its answer so far
-        (taking a snapshot never stops an answer)."""
+        """The conversation as it stands, in the file format of save()/load() (docs/api.md): every ended turn, then
+        a turn still being answered with its answer so far (taking a snapshot never stops an answer), and the token
+        ids the caches hold for the ended turns."""
         msgs = [dict(m) for m in self.messages]
         turn = self._pending
         if turn is not None and not turn.done:
             msgs += [dict(turn.user), {"role": "assistant", "content": turn.text}]
-        return {"system": self.system, "messages": msgs, "settings": self.settings()}
+        from .engine import vocab_fingerprint
+
+        return {
+            "format": FILE_FORMAT,
+            "version": FILE_VERSION,
+            "system": self.system,
+            "messages": msgs,
+            "settings": self.settings(),
+            "cache": {"vocab": vocab_fingerprint(self.engine.target), "tokens": list(self.tokens)},
+        }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write as_dict() ({"system", "messages", "settings"}) as JSON, atomically (a failed save leaves the old
-        file as it was); a ChatError (one line) if the file cannot be written."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise ChatError(f"a file to save to must be a path, got {type(path).__name__}")
-        p = Path(os.fspath(path)).expanduser()
+        """Write as_dict() as JSON, atomically (a failed save leaves the old file as it was, and the conversation as
+        it is); a ChatError (one line) for any path that cannot be written (a NUL byte, a folder, a device, no
+        permission, a missing folder)."""
+        p = _user_path(path, "save to")
         data = json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
         try:
             if p.is_dir():
                 raise IsADirectoryError(21, "Is a directory")
             atomic_write_text(p, data)
-        except OSError as e:
-            raise ChatError(f"cannot write {p}: {e.strerror or e}") from None
+        except (OSError, ValueError) as e:  # ValueError: a path the OS layer refuses (an embedded NUL byte)
+            raise ChatError(f"cannot write {_shown(p)}: {getattr(e, 'strerror', None) or e}") from None
         return p
+
+    @classmethod
+    def load(cls, engine: "Engine", path: str | os.PathLike[str]) -> "ChatSession":
+        """A session on `engine` that goes on with the conversation saved at `path` (by save() or /save): its system
+        prompt, messages and settings (sampling, max_tokens, stop, speculative), and the token ids the caches held
+        when their vocabulary is this engine's (the engine reuses its caches by content, so only what it does not
+        hold is decoded). A file that is not such a conversation raises ChatError (one line), and nothing is loaded."""
+        session = cls(engine)
+        session.resume(path)
+        return session
+
+    def resume(self, path: str | os.PathLike[str]) -> None:
+        """Replace this session's conversation and settings with the one saved at `path` (load() for a session that
+        exists: `/load` in the chat). All or nothing: on a ChatError this session is unchanged."""
+        data = read_conversation(path)
+        conv = parse_conversation(data, n_vocab=self.engine.target.n_vocab)
+        if conv.system:
+            toks, _ = self._full([{"role": "system", "content": conv.system}, {"role": "user", "content": ""}], system=False)
+            if len(toks) + MIN_ANSWER_TOKENS > self.n_ctx:
+                raise ChatContextError(
+                    f"the saved system prompt does not fit: {len(toks)} tokens leave no room for a message and an answer in a "
+                    f"context of {self.n_ctx} tokens (use a larger --ctx)"
+                )
+        tokens, text = self._cached_tokens(conv)
+        saved = conv.settings.get("target")
+        if isinstance(saved, str) and saved != os.path.abspath(self.engine.target.spec.path):
+            conv.notes.append(f"saved with the target {saved}; going on with {self.engine.target.spec.path}")
+        self._settle()
+        self.system = conv.system
+        self.messages = conv.messages
+        self.sampling = conv.sampling if conv.sampling is not None else self.sampling
+        self.max_tokens = conv.max_tokens if conv.max_tokens is not None else self.max_tokens
+        self.stop = conv.stop if conv.stop is not None else self.stop
+        self.speculative = conv.speculative if conv.speculative is not None else self.speculative
+        self.tokens, self.text = tokens, text
+        self.notes = conv.notes
+
+    def _cached_tokens(self, conv: "Conversation") -> tuple[list[int], str]:
+        """The saved token ids and their text when they can stand for the start of the conversation: saved for this
+        vocabulary, within the context, starting as the template's rendering does. The rendering stays the truth: a
+        turn reuses the ids only where their text is a prefix of the conversation's rendering (ChatSession.send),
+        so ids that say something else are never shown to the model as this conversation."""
+        from .engine import vocab_fingerprint
+
+        tgt = self.engine.target
+        if not conv.tokens or conv.vocab != vocab_fingerprint(tgt):
+            if conv.tokens:
+                conv.notes.append("the saved cache is for another vocabulary: the conversation is tokenized afresh")
+            return [], ""
+        if len(conv.tokens) > self.n_ctx:
+            return [], ""
+        toks = conv.tokens
+        head = self.engine.segment_tokens([], add_bos=True)  # what every prompt starts with ([BOS] or nothing)
+        if toks[: len(head)] != head:
+            return [], ""
+        # A control token only where the template puts markup, never inside a message's content: ids that spell a
+        # content's "<|im_end|>" as the control token would smuggle a turn the messages do not show.
+        conv_msgs = ([{"role": "system", "content": conv.system}] if conv.system else []) + conv.messages
+        segments = self.engine.chat_segments(conv_msgs, add_generation_prompt=False) if conv_msgs else []
+        markup: list[tuple[int, int]] = []
+        pos = 0
+        for seg_text, is_content in segments:
+            n = len(seg_text.encode("utf-8", "surrogateescape"))
+            if not is_content:
+                markup.append((pos, pos + n))
+            pos += n
+        control = set(tgt.control_tokens())
+        pieces, off = [], 0
+        for t in toks[len(head):]:
+            piece = tgt.token_bytes(t, special=True)
+            if t in control and piece and not any(a <= off and off + len(piece) <= b for a, b in markup):
+                conv.notes.append("the saved cache puts a control token where the conversation has text: tokenized afresh")
+                return [], ""
+            pieces.append(piece)
+            off += len(piece)
+        return list(toks), b"".join(pieces).decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------------------------------------------- file format
+FILE_FORMAT = "edgespec-chat"
+FILE_VERSION = 1
+MAX_FILE_BYTES = 64 * 1024 * 1024  # far past any conversation a context holds; larger is a wrong file
+MAX_MESSAGES = 100_000
+ROLES = ("user", "assistant")
+_SESSION_SETTINGS = ("max_tokens", "stop", "speculative", "sampling")
+_ENGINE_SETTINGS = ("target", "draft", "drafter", "draft_max", "n_ctx")
+
+
+class Conversation:
+    """A saved conversation, checked (parse_conversation): everything load() restores."""
+
+    def __init__(self) -> None:
+        self.system: str | None = None
+        self.messages: list[dict[str, str]] = []
+        self.sampling: SamplingParams | None = None
+        self.max_tokens: int | None = None
+        self.stop: tuple[str, ...] | None = None
+        self.speculative: bool | None = None
+        self.vocab: str | None = None
+        self.tokens: list[int] = []
+        self.settings: dict[str, Any] = {}  # as saved (the engine's part is informative)
+        self.notes: list[str] = []  # remarks for the user (a foreign cache dropped, ...)
+
+
+def read_conversation(path: str | os.PathLike[str]) -> Any:
+    """The JSON in a conversation file; ChatError (one line) for a path that is not a readable regular file of at
+    most MAX_FILE_BYTES (a FIFO or a device is never waited on, a folder, a symlink loop) or not strict JSON (NaN,
+    a 5,000-digit number, nesting too deep)."""
+    p = _user_path(path, "load")
+    try:
+        return read_json_file(p, MAX_FILE_BYTES)
+    except OSError as e:
+        raise ChatError(f"cannot read {_shown(p)}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ChatError(f"{_shown(p)} is not a saved conversation (not valid JSON: {_one_line(e)})") from None
+
+
+def parse_conversation(data: Any, *, n_vocab: int | None = None) -> Conversation:
+    """Check a saved conversation (the JSON of save(), any version up to FILE_VERSION; a file without a version is
+    the first format, without a cache) and return what load() restores; ChatError naming the first problem.
+    n_vocab: token ids must be below it (ids out of range are a tampered file)."""
+    def bad(why: str) -> ChatError:
+        return ChatError(f"not a saved conversation: {why}")
+
+    if not isinstance(data, dict):
+        raise bad(f"the file holds a JSON {_json_type(data)}, not an object")
+    version = data.get("version", 0)
+    if "version" in data or "format" in data:
+        if data.get("format") != FILE_FORMAT:
+            raise bad(f"format must be {FILE_FORMAT!r}, got {_short(data.get('format'))}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise bad(f"version must be a positive integer, got {_short(version)}")
+        if version > FILE_VERSION:
+            raise bad(f"version {version} was written by a newer edgespec (this one reads up to {FILE_VERSION})")
+    unknown = sorted(set(data) - {"format", "version", "system", "messages", "settings", "cache"})
+    if unknown:
+        raise bad(f"unknown field {_short(unknown[0])}")
+    conv = Conversation()
+    system = data.get("system")
+    if system is not None:
+        conv.system = _text(system, "the system prompt", bad) or None
+    msgs = data.get("messages")
+    if not isinstance(msgs, list):
+        raise bad(f"messages must be a list, got {_json_type(msgs)}")
+    if len(msgs) > MAX_MESSAGES:
+        raise bad(f"{len(msgs)} messages (at most {MAX_MESSAGES})")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"message {i + 1} is a JSON {_json_type(m)}, not an object")
+        if set(m) != {"role", "content"}:
+            extra = sorted(set(m) - {"role", "content"})
+            raise bad(f"message {i + 1} " + (f"has an unknown field {_short(extra[0])}" if extra else "needs a role and a content"))
+        role = m["role"]
+        want = ROLES[i % 2]
+        if role != want:
+            raise bad(f"message {i + 1} must have role {want!r} (user and assistant alternate), got {_short(role)}")
+        conv.messages.append({"role": role, "content": _text(m["content"], f"message {i + 1}'s content", bad)})
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise bad(f"settings must be an object, got {_json_type(settings)}")
+    unknown = sorted(set(settings) - set(_SESSION_SETTINGS) - set(_ENGINE_SETTINGS))
+    if unknown:
+        raise bad(f"unknown setting {_short(unknown[0])}")
+    conv.settings = dict(settings)
+    try:
+        if settings.get("sampling") is not None:
+            sp = settings["sampling"]
+            if not isinstance(sp, dict):
+                raise bad(f"settings.sampling must be an object, got {_json_type(sp)}")
+            names = set(SamplingParams.__dataclass_fields__)
+            extra = sorted(set(sp) - names)
+            if extra:
+                raise bad(f"unknown sampling setting {_short(extra[0])}")
+            conv.sampling = SamplingParams(**sp)
+        if settings.get("max_tokens") is not None:
+            mt = settings["max_tokens"]
+            if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= 1 << 20:
+                raise bad(f"settings.max_tokens must be an integer in [1, {1 << 20}], got {_short(mt)}")
+            conv.max_tokens = mt
+        if settings.get("stop") is not None:
+            conv.stop = check_stop(settings["stop"])
+            for s in conv.stop:
+                _text(s, "a stop string", bad)
+        if settings.get("speculative") is not None:
+            if not isinstance(settings["speculative"], bool):
+                raise bad(f"settings.speculative must be true or false, got {_short(settings['speculative'])}")
+            conv.speculative = settings["speculative"]
+    except ConfigError as e:
+        raise bad(f"settings: {e}") from None
+    for key in ("target", "draft", "drafter"):
+        if settings.get(key) is not None and not isinstance(settings[key], str):
+            raise bad(f"settings.{key} must be text, got {_json_type(settings[key])}")
+    for key in ("draft_max", "n_ctx"):
+        v = settings.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise bad(f"settings.{key} must be a non-negative integer, got {_short(v)}")
+    cache = data.get("cache")
+    if cache is not None:
+        if not isinstance(cache, dict) or set(cache) - {"vocab", "tokens"}:
+            raise bad("cache must be an object with vocab and tokens")
+        vocab, tokens = cache.get("vocab"), cache.get("tokens", [])
+        if not isinstance(vocab, str) or not isinstance(tokens, list):
+            raise bad("cache.vocab must be text and cache.tokens a list")
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (n_vocab is not None and t >= n_vocab):
+                where = f" [0, {n_vocab})" if n_vocab is not None else ""
+                raise bad(f"cache.tokens holds {_short(t)}, not a token id{where}")
+        conv.vocab, conv.tokens = vocab, tokens
+    return conv
+
+
+def _text(v: Any, what: str, bad: Any) -> str:
+    if not isinstance(v, str):
+        raise bad(f"{what} must be text, got {_json_type(v)}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{what} is not valid text (a lone surrogate)") from None
+    return v
+
+
+def _json_type(v: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "number", float: "number"}.get(
+        type(v), type(v).__name__
+    )
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200]
+
+
+def _shown(p: Path) -> str:
+    return _short(str(p))[1:-1] if "\x00" in str(p) or len(str(p)) > 200 else str(p)
+
+
+def _user_path(path: Any, verb: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ChatError(f"a file to {verb} must be a path, got {type(path).__name__}")
+    name = os.fspath(path)
+    if not isinstance(name, str):
+        raise ChatError(f"a file to {verb} must be a text path, got {type(name).__name__}")
+    if not name:
+        raise ChatError(f"a file to {verb} needs a name")
+    try:
+        return Path(name).expanduser()
+    except (RuntimeError, TypeError, ValueError) as e:  # ~user unknown, bytes, ...
+        raise ChatError(f"cannot {verb} {path!r}: {_one_line(e)}") from None
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -373,4 +643,5 @@ def _drop_index(msgs: Sequence[dict[str, str]], k: int) -> int:
     return len(msgs) - 1
 
 
-__all__ = ["ChatSession", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS"]
+__all__ = ["ChatSession", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS", "Conversation", "read_conversation",
+           "parse_conversation", "FILE_FORMAT", "FILE_VERSION"]

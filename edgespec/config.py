@@ -168,6 +168,26 @@ class SpecConfig:
         _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 
+def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
+    """Refuse (ConfigError) a target whose batch cannot hold the token trees the suffix drafters verify.
+
+    A tree of up to `tree_nodes` drafted nodes is verified in one llama_decode of tree_nodes + 1 tokens (the root is
+    the context's last token), with one llama.cpp sequence per root-to-leaf path beside the main one (n_seq_max =
+    tree_nodes + 1). llama.cpp asserts (a SIGABRT that kills the process: `n_outputs_max`) when a micro-batch
+    (n_batch, at most n_ctx) is smaller than n_seq_max, and a tree larger than the batch cannot be decoded at all;
+    each value is valid on its own, so the combination is checked here.
+    """
+    need = tree_nodes + 1
+    batch = min(model.n_batch, model.n_ctx)
+    if batch < need:
+        which = f"n_batch={model.n_batch}" if model.n_batch <= model.n_ctx else f"n_ctx={model.n_ctx}"
+        raise ConfigError(
+            f"the suffix drafter verifies token trees of up to {tree_nodes} nodes ({need} tokens and {need} sequences in "
+            f"one decode): the target's n_batch and n_ctx must be at least {need}, got {which} "
+            f"(raise it, or lower SpecConfig.tree_nodes)"
+        )
+
+
 def check_stop(stop: Any) -> tuple[str, ...]:
     """Stop strings as a tuple: None, a string, or a list/tuple of strings (empty ones dropped)."""
     if stop is None:
@@ -179,4 +199,4 @@ def check_stop(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop", "check_tree_fits"]

@@ -30,10 +30,11 @@ import numpy as np
 from . import calibration as cal
 from . import chat_template
 from .backend import Model, default_threads
-from .config import ModelSpec, SamplingParams, SpecConfig, check_stop
+from .config import ModelSpec, SamplingParams, SpecConfig, check_stop, check_tree_fits
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
-from .errors import ConfigError, EdgespecError, EngineClosedError
+from .fsutil import clear_odd_file
+from .errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError
 from .estimators import MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
@@ -91,6 +92,10 @@ class Engine:
             raise ConfigError(f"drafter {drafter!r} needs a draft model")
         if max_queue is not None:
             _check_int("max_queue", max_queue, 1)
+        if memory is not None and not isinstance(memory, SuffixIndex):
+            raise ConfigError(f"memory must be a SuffixIndex (Engine.load takes a path), got {type(memory).__name__}")
+        if memory_path is not None and not isinstance(memory_path, (str, os.PathLike)):
+            raise ConfigError(f"memory_path must be a path, got {type(memory_path).__name__}")
         self.target = target
         self.draft = draft
         self.spec = spec or SpecConfig()
@@ -100,6 +105,7 @@ class Engine:
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
+        self._max_token_bytes: int | None = None
         self._closed = False
         if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
             raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
@@ -133,6 +139,12 @@ class Engine:
             raise ConfigError(f"prompt_cache_mb must be a number >= 0, got {prompt_cache_mb!r}")
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ConfigError("spec must be a SpecConfig")
+        if memory is not None and not isinstance(memory, (bool, str, os.PathLike)):
+            raise ConfigError(f"memory must be True, False, None or a path, got {type(memory).__name__}")
+        if isinstance(memory, (str, os.PathLike)) and not os.fspath(memory):
+            raise ConfigError("memory must be a path, got an empty string")
+        if not isinstance(calibrate_costs, bool):
+            raise ConfigError("calibrate_costs must be True or False")
         tspec = _as_spec(target)
         tinfo = inspect_gguf(tspec.path)
         dspec = dinfo = None
@@ -143,6 +155,8 @@ class Engine:
         cache_bytes = int(prompt_cache_mb * 2**20)
         kind = drafter if drafter != "auto" else ("model+ngram" if dspec is not None else "none")
         paths = (spec or SpecConfig()).tree_nodes if kind in TREE_KINDS else 0
+        if paths:
+            check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
         t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)
         d = None
         try:
@@ -152,7 +166,11 @@ class Engine:
             if kind in TREE_KINDS and memory:
                 vocab = vocab_fingerprint(t)
                 where = suffix_default_path(vocab) if memory is True else Path(os.fspath(memory))
-                index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet
+                if memory is not True and os.path.lexists(where) and not where.is_file():
+                    raise ConfigError(f"the memory file {where} is not a regular file")  # the user's path: refused
+                index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet (a warning if bad)
+                if memory is True:
+                    clear_odd_file(where)  # the cache's own path held a FIFO, a loop, an empty folder: rebuilt at close
             eng = cls(t, d, drafter=drafter, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()
@@ -218,6 +236,19 @@ class Engine:
             self._specials = sorted({self.target.token_bytes(i, special=True).decode("utf-8", "replace") for i in ids} - {""})
         return self._specials
 
+    def check_prompt_size(self, n_bytes: int) -> None:
+        """ContextFullError, before any tokenization, for a text that cannot fit in the context whatever its tokens:
+        no token of the vocabulary stands for more than max_token_bytes bytes. Bounds the memory a huge prompt takes
+        (a 32 MB body would be tens of millions of token ids, a Python int each)."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max((len(t.encode("utf-8", "surrogateescape")) for t in self.target.info.tokens), default=0) or 256
+        limit = self.target.n_ctx * self._max_token_bytes
+        if n_bytes > limit:
+            raise ContextFullError(
+                f"the prompt is {n_bytes} bytes: far more than a context of {self.target.n_ctx} tokens holds (no token of "
+                f"this vocabulary is longer than {self._max_token_bytes} bytes); shorten it or use a larger context"
+            )
+
     def segment_tokens(self, segments: Sequence[tuple[str, bool]], *, add_bos: bool) -> list[int]:
         """Token ids for rendered segments: markup with control tokens parsed, contents as plain text."""
         self._live()
@@ -244,9 +275,16 @@ class Engine:
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+            self.check_prompt_size(len(prompt))  # characters: at most the bytes
             toks = self.target.tokenize(prompt, add_special=True, parse_special=False)
         else:
-            toks = self.segment_tokens(self.chat_segments(messages or []), add_bos=True)
+            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+                raise ConfigError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
+            if not messages:
+                raise ConfigError("messages must not be empty")
+            segments = self.chat_segments(messages)
+            self.check_prompt_size(sum(len(text) for text, _ in segments))  # characters: at most the bytes
+            toks = self.segment_tokens(segments, add_bos=True)
         if not toks:
             raise ConfigError("the prompt is empty")
         return toks
@@ -355,6 +393,10 @@ class Engine:
         """Add a text (a file the user points at) to the suffix drafter's memory; returns its token count (0 when this
         engine has no memory)."""
         self._live()
+        if not isinstance(text, str):
+            raise ConfigError(f"remember takes text, got {type(text).__name__}")
+        if not isinstance(source, str):
+            raise ConfigError(f"source must be text, got {type(source).__name__}")
         memory = self.memory
         if memory is None:
             return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import numbers
 import threading
 import time
 import weakref
@@ -185,6 +187,23 @@ def shutdown(worker: "Worker", models: list[Any], memory: Any = None, memory_pat
 
 
 # --------------------------------------------------------------------------------------------- the handle
+def check_timeout(timeout: Any) -> float | None:
+    """A wait's timeout: None (no limit) or a finite number of seconds in [0, threading.TIMEOUT_MAX]; anything else
+    (a string, NaN, infinity, 1e300, a negative number) is a ConfigError, as every other bad argument."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise ConfigError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
+    try:
+        t = float(timeout)
+    except OverflowError:  # an int past float range
+        t = math.inf
+    if not (0.0 <= t <= threading.TIMEOUT_MAX):  # NaN fails this too
+        shown = repr(timeout) if len(repr(timeout)) <= 40 else repr(timeout)[:37] + "..."
+        raise ConfigError(f"timeout must be None or in [0, {threading.TIMEOUT_MAX:g}] seconds, got {shown}")
+    return t
+
+
 class Generation:
     """A queued or running generation. Iterate it for Chunks (sync or `async for`); `.text`, `.token_ids` and
     `.stats` describe what was generated so far, `result()` waits for the end. `cancel()` works from any thread;
@@ -211,6 +230,7 @@ class Generation:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the generation has ended; False if `timeout` passed first."""
+        timeout = check_timeout(timeout)
         self._not_on_worker(timeout)
         return self._job.done.wait(timeout)
 
@@ -226,6 +246,7 @@ class Generation:
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
         raised)."""
+        timeout = check_timeout(timeout)
         self._not_on_worker(timeout)
         try:
             ended = self._job.done.wait(timeout)

@@ -69,7 +69,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .fsutil import atomic_write_bytes
+from .fsutil import atomic_write_bytes, read_regular_bytes
 from .ngram import as_token_list
 from .tree import ROOT, TokenTree
 
@@ -687,7 +687,9 @@ class SuffixIndex:
         unreadable, damaged, of another format version, or for another vocabulary. kwargs go to the constructor."""
         index = cls(vocab=vocab, **kwargs)
         try:
-            data = Path(os.fspath(path)).read_bytes()
+            # a regular file only (a FIFO is never waited on), and never larger than a saved index can be: 4 bytes a
+            # token for twice the budget (documents evicted at load), a header of a few bytes a document
+            data = read_regular_bytes(path, 16 * index.max_tokens + (64 << 20))
         except FileNotFoundError:
             return index
         except OSError as e:

@@ -2,7 +2,7 @@
 """Throw hostile inputs at edgespec as a user, an app developer and a hostile file would, and count what held.
 
     .venv/bin/python scripts/hostile_sweep.py                 # all categories (a few minutes on 2 cores)
-    .venv/bin/python scripts/hostile_sweep.py --only api cli  # some of them
+    .venv/bin/python scripts/hostile_sweep.py --only api cli  # some of them (limits, resume, cachefiles, serve: issue 20)
     .venv/bin/python scripts/hostile_sweep.py --json-out /tmp/sweep.json
 
 "Held" means: the CLI exits 0 for valid input, or 1/2 with at most two lines on stderr (the message, maybe a stats
@@ -62,6 +62,19 @@ class Sweep:
         else:
             held, why = p.returncode in (1, 2) and 1 <= len(lines) <= 2, f"exit {p.returncode}, stderr {lines[-3:]}"
         self.record(category, name, held, why)
+
+    # -- Python code in a child process (where the risk is a signal or a hang): it must print HELD and exit 0
+    def child(self, category: str, name: str, code: str, *, timeout: float = 120) -> None:
+        try:
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=timeout, env={**self.env, "PYTHONPATH": str(ROOT)})
+        except subprocess.TimeoutExpired:
+            self.record(category, name, False, f"hung for {timeout:.0f}s")
+            return
+        out = (p.stdout + p.stderr).decode("utf-8", "replace")
+        if p.returncode < 0:
+            self.record(category, name, False, f"killed by signal {-p.returncode}")
+        else:
+            self.record(category, name, p.returncode == 0 and "HELD" in out and "Traceback" not in out, out.strip()[-200:])
 
     # -- the API in this process
     def api(self, category: str, name: str, fn: Callable[[], Any]) -> None:
@@ -355,8 +368,288 @@ def run_signals(s: Sweep, tiny: dict[str, Path]) -> None:
         s.record("signals", f"{name} during generation", ok, f"exit {p.returncode}, {err[-200:]!r}")
 
 
+def run_limits(s: Sweep, tiny: dict[str, Path]) -> None:
+    """Settings that pass validation one by one but that llama.cpp aborts on together (issue 20, item 1), and API
+    arguments of the wrong type or range (item 6)."""
+    t = str(tiny["target"])
+    pre = ("import math\nfrom edgespec import Engine, ModelSpec, SpecConfig\nfrom edgespec.errors import ConfigError\n"
+           f"T = {t!r}\n")
+    for name, call in {
+        "suffix drafter, n_batch 8": "Engine.load(ModelSpec(T, n_batch=8, n_threads=1), drafter='suffix', memory=False, calibrate_costs=False)",
+        "suffix drafter, n_ctx 8": "Engine.load(ModelSpec(T, n_ctx=8, n_threads=1), drafter='suffix', memory=False, calibrate_costs=False)",
+        "model+suffix, tree_nodes 64, n_batch 32": ("Engine.load(ModelSpec(T, n_batch=32, n_threads=1), "
+                                                    f"{str(tiny['draft'])!r}, drafter='model+suffix', spec=SpecConfig(tree_nodes=64), "
+                                                    "memory=False, calibrate_costs=False)"),
+        "backend Model, tree_paths above n_batch": "from edgespec.backend import Model\nModel(ModelSpec(T, n_batch=4, n_threads=1), tree_paths=8)",
+    }.items():
+        s.child("limits", name, pre + f"try:\n    {call.replace(chr(10), chr(10) + '    ')}\nexcept ConfigError as e:\n    print('HELD', e)\n")
+    s.child("limits", "suffix drafter at the boundary (n_batch = tree_nodes + 1) generates",
+            pre + "e = Engine.load(ModelSpec(T, n_batch=9, n_ctx=256, n_threads=1), drafter='suffix', memory=False, calibrate_costs=False)\n"
+            "e.remember('abcabcabcabc abcabcabc ' * 20)\nr = e.generate('abcabcabc', max_tokens=40)\ne.close()\nprint('HELD', len(r.token_ids))\n")
+    from edgespec import Engine, ModelSpec
+
+    eng = Engine.load(ModelSpec(t, n_ctx=256, n_threads=1), drafter="suffix", memory=False, calibrate_costs=False)
+    g = eng.stream("abc", max_tokens=2)
+    for name, timeout in {"inf": math.inf, "nan": math.nan, "a string": "1", "1e300": 1e300, "-1": -1, "a list": [1]}.items():
+        s.api("limits", f"Generation.result(timeout={name})", lambda timeout=timeout: g.result(timeout=timeout))
+        s.api("limits", f"Generation.wait(timeout={name})", lambda timeout=timeout: g.wait(timeout))
+    g.close()
+    s.api("limits", "remember(None)", lambda: eng.remember(None))  # type: ignore[arg-type]
+    s.api("limits", "remember(b'bytes')", lambda: eng.remember(b"abc"))  # type: ignore[arg-type]
+    s.api("limits", "remember(text, source=5)", lambda: eng.remember("abc", source=5))  # type: ignore[arg-type]
+    s.api("limits", "generate(messages=[])", lambda: eng.generate(messages=[]))
+    s.api("limits", "generate(messages={})", lambda: eng.generate(messages={"role": "user", "content": "x"}))
+    s.api("limits", "generate(prompt of 40 MB)", lambda: eng.generate("ab " * (14 << 20)))
+    s.api("limits", "generate(messages of 40 MB)", lambda: eng.generate(messages=[{"role": "user", "content": "ab " * (14 << 20)}]))
+    eng.close()
+    for name, kw in {"memory=123": dict(memory=123), "memory=''": dict(memory=""), "memory=[]": dict(memory=[]),
+                     "calibrate_costs='no'": dict(calibrate_costs="no"), "memory a FIFO": dict(memory=str(s.work / "mem.fifo"))}.items():
+        if "FIFO" in name and not (s.work / "mem.fifo").exists():
+            os.mkfifo(s.work / "mem.fifo")
+        s.api("limits", f"Engine.load({name})", lambda kw=kw: Engine.load(ModelSpec(t, n_ctx=256, n_threads=1), drafter="suffix", **kw))
+
+
+def _tampers() -> dict[str, Any]:
+    """Each tamper kind of a saved conversation: an edit of its JSON (a function), or the file's whole text/bytes."""
+    def setp(path: str, value: Any) -> Callable[[dict], None]:
+        def edit(d: dict) -> None:
+            keys = path.split(".")
+            node: Any = d
+            for k in keys[:-1]:
+                node = node[int(k)] if isinstance(node, list) else node[k]
+            if isinstance(node, list):
+                node[int(keys[-1])] = value
+            else:
+                node[keys[-1]] = value
+        return edit
+
+    return {
+        "a JSON list": "[1]", "not JSON": "{{{", "empty": "", "invalid UTF-8": b'{"messages": ["\xff"]}',
+        "100,000-deep nesting": "[" * 100_000 + "]" * 100_000, "a 5,000-digit number": '{"version": ' + "9" * 5000 + "}",
+        "Infinity": '{"messages": [], "settings": {"max_tokens": Infinity}}', "NaN": '{"messages": [], "settings": {"sampling": {"top_p": NaN}}}',
+        "wrong format": setp("format", "x"), "newer version": setp("version", 2), "unknown field": setp("x", 1),
+        "messages an object": setp("messages", {}), "content a list": setp("messages.0.content", ["a"]),
+        "content a number": setp("messages.1.content", 3), "a lone surrogate": setp("messages.0.content", "\ud800"),
+        "role system inside": setp("messages.0.role", "system"), "roles out of turn": setp("messages.1.role", "user"),
+        "temperature a string": setp("settings.sampling.temperature", "hot"), "unknown sampling key": setp("settings.sampling.x", 1),
+        "max_tokens 0": setp("settings.max_tokens", 0), "token id out of range": setp("cache.tokens.1", 10**7),
+        "token id negative": setp("cache.tokens.1", -3), "token id a float": setp("cache.tokens.1", 2.5),
+        "cache a list": setp("cache", []),
+    }
+
+
+def run_resume(s: Sweep, tiny: dict[str, Path]) -> None:
+    """Save -> tamper -> load, for every tamper kind (issue 20, item 2): refused whole with one line, the session
+    it was loaded into unchanged; and save to paths the OS refuses (item 4)."""
+    from edgespec import ChatSession, Engine, ModelSpec, SamplingParams
+    from edgespec.chat import ChatError
+
+    eng = Engine.load(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), drafter="none", calibrate_costs=False)
+    base = ChatSession(eng, system="sys", sampling=SamplingParams(temperature=0), max_tokens=4)
+    base.send("first").result()
+    base.send("second").result()
+    good = s.work / "conv.json"
+    base.save(good)
+    saved = json.loads(good.read_text())
+    loaded = ChatSession.load(eng, good)
+    same = loaded.messages == base.messages and loaded.tokens == base.tokens and loaded.sampling == base.sampling
+    s.record("resume", "save -> load round trip (messages, settings, cache)", same)
+
+    def state(x: ChatSession) -> tuple:
+        return (x.system, list(x.messages), x.sampling, x.max_tokens, x.stop, list(x.tokens))
+
+    for name, edit in _tampers().items():
+        p = s.work / "tampered.json"
+        if callable(edit):
+            d = json.loads(json.dumps(saved))
+            edit(d)
+            p.write_text(json.dumps(d))
+        else:
+            p.write_bytes(edit if isinstance(edit, bytes) else edit.encode())
+        before = state(loaded)
+        try:
+            loaded.resume(p)
+            s.record("resume", f"tampered: {name}", False, "loaded")
+        except ChatError as e:
+            s.record("resume", f"tampered: {name}", "\n" not in str(e) and state(loaded) == before, str(e))
+        except BaseException as e:  # noqa: BLE001
+            s.record("resume", f"tampered: {name}", False, f"{type(e).__name__}: {e}")
+    fifo, loop = s.work / "conv.fifo", s.work / "conv-loop.json"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    if not os.path.lexists(loop):
+        os.symlink(loop, loop)
+    for name, path in {"a FIFO": fifo, "a directory": s.work, "a device": "/dev/zero", "a symlink loop": loop,
+                       "a NUL byte": str(s.work / "a\x00b"), "missing": s.work / "none.json"}.items():
+        s.api("resume", f"load from {name}", lambda path=path: loaded.resume(path))
+    for name, path in {"a NUL byte": str(s.work / "a\x00b"), "a directory": s.work, "no permission": "/sys/x.json",
+                       "a missing folder": s.work / "no" / "x.json", "a device": "/dev/null", "None": None}.items():
+        before = state(loaded)
+        s.api("resume", f"save to {name}", lambda path=path: loaded.save(path))  # type: ignore[arg-type]
+        if state(loaded) != before:
+            s.record("resume", f"save to {name}: conversation kept", False, "changed")
+    eng.close()
+    t = str(tiny["target"])
+    chat = ["chat", "--target", t, "--no-draft", "--max-tokens", "3", "--ctx", "256"]
+    s.cli("resume", "chat --resume a FIFO", chat + ["--resume", str(fifo)], timeout=60)
+    deep = s.work / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    s.cli("resume", "chat --resume 100,000-deep JSON", chat + ["--resume", str(deep)])
+    s.cli("resume", "chat --resume a directory", chat + ["--resume", str(s.work)])
+    s.cli("resume", "chat --resume a good file", chat + ["--resume", str(good)], stdin=b"more\n", ok=True)
+    s.cli("resume", "chat /load a FIFO, /save a NUL byte", chat, stdin=f"hi\n/load {fifo}\n/save {s.work}/a\x00b\nagain\n".encode(), ok=True,
+          timeout=60)
+
+
+def run_cachefiles(s: Sweep, tiny: dict[str, Path]) -> None:
+    """Where the cache expects a file and finds something else (issue 20, item 3): never a hang or a traceback."""
+    t = str(tiny["target"])
+    gen = ["generate", "hi", "--target", t, "--draft", str(tiny["draft"]), "--max-tokens", "2", "--ctx", "256"]
+    suffix = ["generate", "hi", "--target", t, "--drafter", "suffix", "--max-tokens", "2", "--ctx", "256"]
+
+    def odd(path: Path, kind: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        elif os.path.lexists(path):
+            path.unlink()
+        if kind == "a FIFO":
+            os.mkfifo(path)
+        elif kind == "a directory":
+            path.mkdir()
+        elif kind == "a symlink loop":
+            os.symlink(path, path)
+        elif kind == "a device":
+            os.symlink("/dev/zero", path)
+        else:
+            path.write_text({"100,000-deep JSON": "[" * 100_000 + "]" * 100_000, "a 5,000-digit number": '{"format": ' + "7" * 5000 + "}",
+                             "Infinity": '{"format": 3, "entries": {"k": {"verify": {"1": Infinity}, "draft": 0, "when": 1, "used": "x"}}}'}[kind])
+
+    kinds = ("a FIFO", "a directory", "a symlink loop", "a device", "100,000-deep JSON", "a 5,000-digit number", "Infinity")
+    cal_path = s.work / "cache" / "calibration.json"
+    for kind in kinds:
+        odd(cal_path, kind)
+        s.cli("cachefiles", f"calibration cache is {kind}", gen, ok=True, timeout=90)
+    suffix_dir = s.work / "cache" / "suffix"
+    for kind in kinds[:4]:
+        # the memory's name depends on the vocabulary: find it by running once, then replace it
+        s.cli("cachefiles", f"suffix memory setup ({kind})", suffix, ok=True)
+        files = sorted(suffix_dir.glob("*.idx")) if suffix_dir.is_dir() else []
+        if not files:
+            s.record("cachefiles", f"suffix memory is {kind}", False, "no memory file was written")
+            continue
+        odd(files[0], kind)
+        s.cli("cachefiles", f"suffix memory is {kind}", suffix, ok=True, timeout=90)
+    manifests = s.work / "manifests"
+    manifests.mkdir(exist_ok=True)
+    for kind in kinds:
+        m = manifests / "pair.json"
+        odd(m, kind)
+        s.cli("cachefiles", f"manifest is {kind}", ["models", "list"], env={**s.env, "EDGESPEC_MANIFESTS_DIR": str(manifests)}, timeout=60)
+        odd(m, "a directory")
+        m.rmdir()
+    # a model's verification record and its lock, in a model cache holding a tiny "pair"
+    import hashlib
+
+    models_dir = s.work / "cache" / "models"
+    models_dir.mkdir(parents=True, exist_ok=True)
+    mani = s.work / "manifests-good"
+    mani.mkdir(exist_ok=True)
+    roles = {}
+    for role in ("target", "draft"):
+        data = tiny[role].read_bytes()
+        (models_dir / tiny[role].name).write_bytes(data)
+        roles[role] = {"file": tiny[role].name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                       "parts": [{"package": "none", "version": "0", "member": "none/data", "size": len(data)}]}
+    (mani / "tiny.json").write_text(json.dumps({"format_version": 1, "name": "tiny", "default": True, "roles": roles}))
+    env = {**s.env, "EDGESPEC_MANIFESTS_DIR": str(mani)}
+    record = models_dir / (tiny["target"].name + ".verified")
+    lock = models_dir / ".locks" / (tiny["target"].name + ".lock")
+    for kind in kinds:
+        odd(record, kind)
+        s.cli("cachefiles", f"verification record is {kind} (generate)", ["generate", "hi", "--no-draft", "--max-tokens", "2", "--ctx", "256"],
+              env=env, timeout=60)
+        s.cli("cachefiles", f"verification record is {kind} (models verify rebuilds it)", ["models", "verify"], env=env, ok=True, timeout=60)
+        s.cli("cachefiles", f"verification record was {kind}: generate after verify", ["generate", "hi", "--no-draft", "--max-tokens", "2",
+                                                                                       "--ctx", "256"], env=env, ok=True, timeout=60)
+    for kind in kinds[:4]:
+        odd(lock, kind)
+        s.cli("cachefiles", f"lock is {kind} (models verify)", ["models", "verify"], env=env, ok=True, timeout=60)
+
+
+def run_serve(s: Sweep, tiny: dict[str, Path]) -> None:
+    """The server as a process: a non-ASCII API key (item 7), a connection that never finishes its headers, two
+    Ctrl-Cs (item 5)."""
+    import socket
+    import urllib.request
+
+    t = str(tiny["target"])
+
+    def start(*extra: str) -> tuple[subprocess.Popen, int] | None:
+        p = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--target", t, "--no-draft", "--ctx", "256", "--threads", "1",
+                              "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s.env)
+        assert p.stderr is not None
+        line = p.stderr.readline().decode()
+        if "listening on http://" not in line:
+            p.kill()
+            return None
+        port = int(line.split("listening on http://")[1].split()[0].rsplit(":", 1)[1])
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return p, port
+            except Exception:  # noqa: BLE001
+                time.sleep(0.1)
+        p.kill()
+        return None
+
+    def stop(p: subprocess.Popen, sigs: int) -> tuple[int, str]:
+        for _ in range(sigs):
+            p.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            return -999, "did not stop"
+        return p.returncode, err.decode("utf-8", "replace")
+
+    key = "clé-ü-🔑"
+    started = start("--api-key", key, "--header-timeout", "1")
+    if started is None:
+        s.record("serve", "start with a non-ASCII key", False, "did not start")
+        return
+    p, port = started
+
+    def status(headers: dict[str, bytes]) -> int:
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(k.encode() + b": " + v + b"\r\n" for k, v in headers.items())
+                  + b"Connection: close\r\n\r\n")
+        data = c.recv(100)
+        c.close()
+        return int(data.split()[1])
+
+    s.record("serve", "non-ASCII key sent as UTF-8 is accepted", status({"Authorization": b"Bearer " + key.encode()}) == 200)
+    s.record("serve", "a wrong key is refused", status({"Authorization": b"Bearer nope"}) == 401)
+    c = socket.create_connection(("127.0.0.1", port), timeout=15)
+    c.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    t0 = time.time()
+    try:
+        closed = c.recv(10) == b""
+    except OSError:
+        closed = True
+    c.close()
+    s.record("serve", "headers never finished: closed after the timeout", closed and time.time() - t0 < 12, f"{time.time() - t0:.1f}s")
+    rc, err = stop(p, 2)
+    s.record("serve", "two Ctrl-Cs end it quietly", rc in (130, 0, 1) and "Traceback" not in err, f"exit {rc}: {err[-300:]}")
+    for bad in ("a\nb", " lead", "tab\there"):
+        s.cli("serve", f"--api-key {bad!r} refused at start", ["serve", "--target", t, "--port", "0", "--api-key", bad], timeout=60)
+
+
 CATEGORIES = {"cli": run_cli_values, "io": run_io, "env": run_env, "files": run_files, "caches": run_caches,
-              "templates": run_templates, "api": run_api, "signals": run_signals}
+              "templates": run_templates, "api": run_api, "signals": run_signals, "limits": run_limits, "resume": run_resume,
+              "cachefiles": run_cachefiles, "serve": run_serve}
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ one prefill chunk, and the partial answer stays in the conversation.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import signal
@@ -35,7 +36,8 @@ Commands:
   /reset           clear the conversation (the system prompt stays)
   /system TEXT     set the system prompt and start over (/system alone shows it)
   /stats           session totals: turns, tokens, tok/s, μ, acceptance
-  /save FILE       save the conversation as JSON {{"system", "messages", "settings"}}
+  /save FILE       save the conversation as JSON (docs/api.md: the conversation file)
+  /load FILE       go on with a saved conversation (its messages, settings and cache)
   /exit            leave (also Ctrl-D)
 Multi-line input: a line with just {FENCE} starts a block, another {FENCE} line ends and sends it
   (text may follow the opening {FENCE} or precede the closing one). On a terminal, Esc Enter / Alt-Enter also
@@ -256,11 +258,24 @@ def _command(session: Any, line: str, out: Output) -> bool:
         if not arg:
             out.line("usage: /save FILE")
         else:
-            p = session.save(arg)
+            p = session.save(arg)  # a ChatError (one line) leaves the conversation as it was
             out.dim(f"(saved {len(session.messages)} messages to {p})")
+    elif name == "/load":
+        if not arg:
+            out.line("usage: /load FILE")
+        else:
+            session.resume(arg)  # all or nothing: a ChatError leaves the conversation as it was
+            _loaded(session, arg, out)
     else:
-        out.line(f"unknown command {name}: try /help, /reset, /system TEXT, /stats, /save FILE, /exit")
+        out.line(f"unknown command {name}: try /help, /reset, /system TEXT, /stats, /save FILE, /load FILE, /exit")
     return True
+
+
+def _loaded(session: Any, path: str, out: Output) -> None:
+    n = len(session.messages)
+    out.dim(f"(loaded {n} message{'s' if n != 1 else ''} from {path})")
+    for note in session.notes:
+        out.dim(f"({note})")
 
 
 def run_chat(session: Any, read: Callable[[str], str], out: Output, tty: bool) -> None:
@@ -302,26 +317,43 @@ def run_chat(session: Any, read: Callable[[str], str], out: Output, tty: bool) -
 @click.option("--max-tokens", "-n", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Most tokens per answer.")
 @click.option("--show-draft", is_flag=True, help="Colour text that came from accepted draft tokens (terminal only).")
 @click.option("--pull", is_flag=True, help="Download the default model pair first if it is missing (edgespec models pull).")
+@click.option("--resume", metavar="FILE", default=None,
+              help="Go on with a conversation saved by /save (its messages, settings and cache); sampling options and "
+                   "--max-tokens given here win over the saved ones.")
 def chat(**kw: Any) -> None:
     """Chat with the model in the terminal, with KV-cache reuse across turns.
 
     Type a message and press Enter. A line with just \"\"\" starts a multi-line message, another \"\"\" line
     sends it (on a terminal Esc Enter / Alt-Enter also inserts a newline). Commands: /help, /reset,
-    /system TEXT, /stats, /save FILE, /exit. Ctrl-C stops an answer; Ctrl-D leaves.
+    /system TEXT, /stats, /save FILE, /load FILE, /exit. Ctrl-C stops an answer; Ctrl-D leaves.
     """
-    from ..chat import ChatSession
+    from ..chat import ChatSession, parse_conversation, read_conversation
 
+    explicit = _explicit(SAMPLING_NAMES + ("max_tokens", "system"))
     sampling = make_sampling(kw)
     system, max_tokens = kw.pop("system"), kw.pop("max_tokens")
-    show_draft, pull = kw.pop("show_draft"), kw.pop("pull")
+    show_draft, pull, resume = kw.pop("show_draft"), kw.pop("pull"), kw.pop("resume")
+    if resume is not None:
+        parse_conversation(read_conversation(resume))  # a bad file is refused before any model loads
+        if "system" in explicit:
+            click.echo("note: --system is ignored with --resume: the saved system prompt is kept (/system TEXT sets another "
+                       "and starts over)", err=True)
     if pull:
         _pull(kw.get("target"))
     out = Output(show_draft)
     tty = sys.stdin is not None and sys.stdin.isatty()
     with load_engine(kw) as eng:
-        session = ChatSession(eng, sampling=sampling, max_tokens=max_tokens)
-        if system:
-            session.set_system(system)
+        if resume is not None:
+            session = ChatSession.load(eng, resume)
+            given = {k: getattr(sampling, k) for k in SAMPLING_NAMES if k in explicit}
+            if given:
+                session.sampling = dataclasses.replace(session.sampling, **given)
+            if "max_tokens" in explicit:
+                session.max_tokens = max_tokens
+        else:
+            session = ChatSession(eng, sampling=sampling, max_tokens=max_tokens)
+            if system:
+                session.set_system(system)
         notes: list[str] = []
         read = _tty_reader(notes) if tty else _pipe_reader()
         if tty:
@@ -332,7 +364,21 @@ def chat(**kw: Any) -> None:
             )
             for note in notes:
                 out.dim(note)
+        if resume is not None:
+            _loaded(session, resume, out)
         run_chat(session, read, out, tty)
+
+
+SAMPLING_NAMES = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "seed")
+
+
+def _explicit(names: Iterable[str]) -> set[str]:
+    """The options among `names` the user gave (on the command line or in the environment), not defaults."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    return {n for n in names if ctx.get_parameter_source(n) in given}
 
 
 def _pull(target: str | None) -> None:

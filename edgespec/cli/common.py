@@ -93,7 +93,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     from ..engine import Engine
     from ..gguf_check import check_pair, inspect_gguf
     from ..models import resolve_model
-    from ..speculators import MODEL_KINDS
+    from ..speculators import MODEL_KINDS, TREE_KINDS
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -106,6 +106,8 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     )
     tpath = resolve_model(target, "target")
     dspec = None
+    if no_draft and drafter != "auto":
+        click.echo(f"note: --no-draft wins over --drafter {drafter}: plain decoding with the target alone", err=True)
     if no_draft:
         drafter = "none"
     elif draft == "ngram":
@@ -135,6 +137,11 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
             drafter = "ngram" if target is not None else "none"
     tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
+    if (corpus or no_memory) and drafter not in TREE_KINDS:
+        what = "--lookup-corpus" if corpus else "--no-memory"
+        click.echo(f"note: {what} is ignored: only the suffix drafters use a memory (--drafter suffix or model+suffix); "
+                   f"this run uses {'plain decoding' if drafter == 'none' else 'the ' + drafter + ' drafter'}", err=True)
+        corpus = ()
     engine_kw.setdefault("memory", not no_memory)
     with _sigint_deferred() as interrupted:  # a Ctrl-C in llama.cpp's log callback would be lost (ctypes drops it)
         eng = Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)

@@ -36,6 +36,9 @@ def generate(prompt: str | None, **kw: Any) -> None:
     sampling = make_sampling(kw)
     chat, system, max_tokens = kw.pop("chat"), kw.pop("system"), kw.pop("max_tokens")
     stop, as_json = kw.pop("stop"), kw.pop("as_json")
+    if system is not None and not chat:
+        click.echo("note: --system is ignored with --raw (the prompt is sent as is; --chat applies the template and the system message)",
+                   err=True)
     with load_engine(kw) as eng:
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

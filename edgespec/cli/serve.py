@@ -5,6 +5,7 @@ while the models load and their costs are measured) and the engine loads in a th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -38,6 +39,53 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _header_timeout_protocol(seconds: float) -> Any:
+    """uvicorn's HTTP protocol (httptools or h11, as uvicorn picks) that closes a connection which has not finished
+    sending a request's headers within `seconds` (uvicorn has no such limit: a client that sends half a header
+    holds its connection, and a task, forever). The clock starts when the connection opens and again when data
+    arrives while no request is in progress."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderTimeout(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _header_timer: Any = None
+
+        def _waiting_for_headers(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is None or bool(getattr(cycle, "response_complete", False))
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            transport = getattr(self, "transport", None)
+            if self._waiting_for_headers() and transport is not None and not transport.is_closing():
+                transport.close()
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._waiting_for_headers():
+                self._arm()
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeout
+
+
 @click.command()
 @model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 = every interface; use --api-key then).")
@@ -51,6 +99,8 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--alias", default=None, help="Model id reported by /v1/models and in responses (default: the target file's name).")
 @click.option("--prompt-cache-mb", type=click.FloatRange(0, 1 << 20), default=256, show_default=True,
               help="Host memory per model for KV snapshots of conversations (0 = none).")
+@click.option("--header-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              help="Seconds a connection may take to send a request's headers; then it is closed.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -63,9 +113,14 @@ def serve(**kw: Any) -> None:
     from ..server.guards import is_loopback
 
     host, port, api_key = kw.pop("host"), kw.pop("port"), kw.pop("api_key")
+    from ..server.guards import check_api_key
+
+    why = check_api_key(api_key) if api_key else None
+    if why:
+        raise click.BadParameter(f"no client could send this key: {why}", param_hint="--api-key")
     max_queue, prompt_cache_mb = kw.pop("max_queue"), kw.pop("prompt_cache_mb")
     settings = Settings(api_key=api_key or None, cors_origins=tuple(kw.pop("cors_origins")), host=host, model_alias=kw.pop("alias"))
-    log_level = kw.pop("log_level")
+    log_level, header_timeout = kw.pop("log_level"), kw.pop("header_timeout")
     model_kw = dict(kw)
     sock = _listen(host, port)
     bound = sock.getsockname()
@@ -94,14 +149,37 @@ def serve(**kw: Any) -> None:
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # Ctrl-C / SIGTERM: end the generations first
             app.state.edgespec.begin_shutdown()
-            super().handle_exit(sig, frame)
+            super().handle_exit(sig, frame)  # a second Ctrl-C: force_exit (stop waiting for connections)
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):  # uvicorn raises each captured signal again after the shutdown: once is enough
+                captured[:] = list(dict.fromkeys(captured))
 
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3, lifespan="on", access_log=log_level == "debug")
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets=sockets)
+            if not self.force_exit:
+                return
+            # A second Ctrl-C: uvicorn stops waiting and leaves the requests still in progress (a body half sent) to be
+            # cancelled when the loop ends, each with a logged traceback, and skips the lifespan shutdown (the engine
+            # is never closed: answers not ended, memory not saved). Close their connections instead (each request
+            # then sees a disconnect and ends as any disconnected request does), then run the shutdown.
+            for conn in list(self.server_state.connections):
+                transport = getattr(conn, "transport", None)
+                if transport is not None:
+                    transport.close()
+            tasks = list(self.server_state.tasks)
+            if tasks:
+                await asyncio.wait(tasks, timeout=2)
+            if getattr(self, "lifespan", None) is not None:
+                await self.lifespan.shutdown()
+
+    config = uvicorn.Config(app, http=_header_timeout_protocol(header_timeout), log_level=log_level,
+                            timeout_graceful_shutdown=3, lifespan="on", access_log=log_level == "debug")
     server = Server(config)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+        app.state.edgespec.shutdown()  # idempotent: whatever way the server stopped, generations end and memory is saved
     if failure:
         e = failure[0]
         raise EdgespecError(str(e) if isinstance(e, EdgespecError) else f"the model failed to load: {type(e).__name__}: {e}")

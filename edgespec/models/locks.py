@@ -7,11 +7,15 @@ kernel when the process dies however it dies). So a leftover whose lock can be t
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from edgespec.errors import ModelsError
+from edgespec.fsutil import clear_odd_file
 
 
 def lock_path(cache: Path, file: str) -> Path:
@@ -28,9 +32,10 @@ def try_lock(path: Path) -> Iterator[bool]:
         yield True
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
+    fd = _open_lock(path)
+    try:
         try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             got = False
         else:
@@ -39,13 +44,40 @@ def try_lock(path: Path) -> Iterator[bool]:
             yield got
         finally:
             if got:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file's descriptor. A lock file is edgespec's own: whatever else stands at its path (a FIFO, a device,
+    a symlink loop, an empty folder) is removed and a regular file made (never a wait: opened non-blocking); an
+    OSError when that cannot be done."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    for attempt in range(2):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError:
+            if attempt or not clear_odd_file(path):
+                raise
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        if attempt or not clear_odd_file(path):
+            break
+    raise OSError(errno.EINVAL, "not a regular file", str(path))
 
 
 @contextlib.contextmanager
 def lock(path: Path) -> Iterator[None]:
-    """One writer (or verifier) per cache file; a ModelsError when another process holds it."""
-    with try_lock(path) as got:
+    """One writer (or verifier) per cache file; a ModelsError when another process holds it, or when the lock file
+    cannot be made (a folder with contents in its place, a read-only cache)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            got = stack.enter_context(try_lock(path))
+        except OSError as e:
+            raise ModelsError(f"cannot use the lock {path}: {e.strerror or e}") from None
         if not got:
             name = path.name[: -len(".lock")]
             raise ModelsError(

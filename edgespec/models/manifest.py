@@ -6,7 +6,6 @@ the ``*.json`` files of ``$EDGESPEC_MANIFESTS_DIR`` when that is set.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -14,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import ModelsError
+from edgespec.fsutil import read_json_file
 
 ROLES = ("target", "draft")
 MANIFEST_FORMAT = 1
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few kB
 MANIFESTS_ENV = "EDGESPEC_MANIFESTS_DIR"
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -151,12 +152,12 @@ def _parse_role(role: str, r: Any, w: str) -> ModelFile:
 
 def _parse_manifest(path: Path) -> Pair:
     where = path.name
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelsError(f"cannot read manifest {path}: {e}") from e
-    except json.JSONDecodeError as e:
-        raise ModelsError(f"manifest {path} is not valid JSON: {e}") from e
+    try:  # a FIFO is never waited on; NaN, 5,000-digit numbers and 100,000-deep nesting are refused
+        raw = read_json_file(path, MAX_MANIFEST_BYTES)
+    except OSError as e:
+        raise ModelsError(f"cannot read manifest {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ModelsError(f"manifest {path} is not valid JSON: {' '.join(str(e).split())[:200]}") from None
     if not isinstance(raw, dict):
         raise ModelsError(f"manifest {path}: top level must be an object")
     fmt = raw.get("format_version", MANIFEST_FORMAT)

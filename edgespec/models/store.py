@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Union
 
 from edgespec.errors import ModelsError
-from edgespec.fsutil import atomic_write_text
+from edgespec.fsutil import atomic_write_text, clear_odd_file, read_json_file
 from edgespec.paths import cache_dir
 
 from .locks import lock_path, remove_leftovers, try_lock
@@ -41,6 +41,7 @@ _CHUNK = 1 << 20  # 1 MiB
 SAMPLE_VERSION = 1
 SAMPLE_BLOCK = 1 << 16  # 64 KiB
 SAMPLE_COUNT = 32  # blocks: 2 MiB read at most per check
+MAX_RECORD_BYTES = 64 * 1024  # a record is ~300 bytes
 
 # what _check finds wrong with a cached file (None: nothing)
 MISSING, SIZE, NO_RECORD, OTHER, CHANGED, CONTENT = "missing", "size", "no-record", "other", "changed", "content"
@@ -107,6 +108,7 @@ def _write_record(path: Path, sha256: str, *, expect: os.stat_result | None = No
         "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256, "verified_at": int(time.time()),
         "sample": {"v": SAMPLE_VERSION, "block": SAMPLE_BLOCK, "count": SAMPLE_COUNT, "sha256": sample},
     }
+    clear_odd_file(_record_path(path))  # whatever stood there (a FIFO, an empty folder) is replaced by the record
     atomic_write_text(_record_path(path), json.dumps(rec) + "\n")
     return True
 
@@ -114,6 +116,7 @@ def _write_record(path: Path, sha256: str, *, expect: os.stat_result | None = No
 def _drop_record(path: Path) -> None:
     with contextlib.suppress(OSError):
         _record_path(path).unlink()
+    clear_odd_file(_record_path(path))  # an empty folder
 
 
 def _check(path: Path, mf: ModelFile) -> str | None:
@@ -126,8 +129,8 @@ def _check(path: Path, mf: ModelFile) -> str | None:
         return MISSING
     if st.st_size != mf.size:
         return SIZE
-    try:
-        rec = json.loads(_record_path(path).read_text(encoding="utf-8"))
+    try:  # a FIFO, a folder, a loop, NaN or 100,000-deep JSON: no record (re-verified, and the record rewritten)
+        rec = read_json_file(_record_path(path), MAX_RECORD_BYTES)
     except (OSError, ValueError):
         return NO_RECORD
     if not isinstance(rec, dict):

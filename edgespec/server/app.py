@@ -42,7 +42,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import ConfigError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
 from . import schema
 from .guards import BearerAuth, CountResponses, HostCheck
 from .metrics import Metrics
@@ -319,6 +319,9 @@ async def _generate(request: Request, parse: Callable[[Mapping[str, Any]], Compl
         raise APIError(
             503, f"the server is busy: {e}; retry later", code="queue_full", headers={"Retry-After": str(state.settings.retry_after)}
         ) from None
+    except ContextFullError as e:  # a prompt refused before tokenizing: it cannot fit whatever its tokens
+        state.metrics.rejected["context"] += 1
+        raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt", code="context_length_exceeded") from None
     except (ConfigError, TemplateError) as e:
         state.metrics.rejected["invalid"] += 1
         raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt") from None

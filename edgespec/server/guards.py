@@ -38,13 +38,15 @@ class BearerAuth:
 
     def __init__(self, app: ASGIApp, key: str | None) -> None:
         self.app = app
-        self.key = key.encode() if key else None
+        # compared as bytes: a non-ASCII key is the UTF-8 bytes clients send (an environment variable's undecodable
+        # bytes come back as they were)
+        self.key = key_bytes(key) if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.key is not None and scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
-            auth = _header(scope, b"authorization") or ""
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+            auth = _raw_header(scope, b"authorization") or b""
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(b" \t"), self.key):
                 e = APIError(401, "invalid or missing API key: send Authorization: Bearer <key>", code="invalid_api_key",
                              headers={"WWW-Authenticate": "Bearer"})
                 await error_response(e)(scope, receive, send)
@@ -72,6 +74,33 @@ class CountResponses:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+def key_bytes(key: str) -> bytes:
+    """The bytes a client sends for an API key: UTF-8 (undecodable bytes of an environment variable as they were)."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def check_api_key(key: str) -> str | None:
+    """Why `key` cannot be sent in an Authorization header (so no client could ever pass it), or None."""
+    try:
+        raw = key_bytes(key)
+    except UnicodeEncodeError:
+        return "it is not valid text"
+    if not raw:
+        return "it is empty"
+    if raw != raw.strip(b" \t"):
+        return "it starts or ends with a space"
+    if any(b < 0x20 or b == 0x7F for b in raw):
+        return "it holds a control character (a newline, a tab, NUL)"
+    return None
+
+
+def _raw_header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope.get("headers", []):
+        if k == name:
+            return bytes(v)
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -1,0 +1,122 @@
+"""`edgespec serve` as a real process (issue 20): a non-ASCII API key works as the UTF-8 bytes clients send, keys no
+client could send are refused at start; a connection that never finishes its headers is closed; two Ctrl-Cs end
+the server quietly and still run its shutdown (the suffix memory is saved)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgespec.server.guards import check_api_key
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from bench_server import ServeProcess  # noqa: E402 - the server harness the benchmark uses too
+
+KEY = "clé-ü-🔑"
+
+
+def _port(s: ServeProcess) -> int:
+    return int(s.url.rsplit(":", 1)[1])
+
+
+def _status(port: int, headers: dict[str, bytes]) -> int:
+    """One raw HTTP request (the header bytes exactly as given, as curl or a browser would send UTF-8)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+        c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(k.encode() + b": " + v + b"\r\n" for k, v in headers.items())
+                  + b"Connection: close\r\n\r\n")
+        return int(c.recv(64).split()[1])
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny):
+    s = ServeProcess(["--target", str(tiny["target"]), "--no-draft", "--ctx", "256", "--threads", "1", "--log-level", "warning",
+                      "--api-key", KEY, "--header-timeout", "1"])
+    yield s
+    s.stop()
+
+
+def test_a_non_ascii_key_is_compared_as_utf8_bytes(keyed):
+    port = _port(keyed)
+    assert _status(port, {"Authorization": b"Bearer " + KEY.encode("utf-8")}) == 200
+    assert _status(port, {"Authorization": b"bearer  " + KEY.encode("utf-8") + b" "}) == 200  # scheme any case, spaces around
+    assert _status(port, {"Authorization": b"Bearer " + KEY.encode("latin-1", "replace")}) == 401
+    assert _status(port, {"Authorization": b"Bearer nope"}) == 401
+    assert _status(port, {}) == 401
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(keyed):
+    port = _port(keyed)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        try:
+            data = c.recv(100)
+        except ConnectionResetError:
+            data = b""
+    assert data == b""  # closed by the server (the 30 s socket timeout would raise instead)
+    # a slow but complete request on a fresh connection is answered
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+        c.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.3)
+        c.sendall(b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert c.recv(64).split()[1] == b"200"
+
+
+@pytest.mark.parametrize("key,why", [("a\nb", "control character"), (" lead", "space"), ("tab\there", "control"),
+                                     ("nul\x00", "control"), ("x\udcff", None)])
+def test_keys_no_client_could_send_are_refused_at_start(key, why):
+    got = check_api_key(key)
+    assert (got is None) if why is None else (why in got)
+
+
+def test_serve_refuses_an_unsendable_key_in_one_line(tiny):
+    p = subprocess.run([sys.executable, "-m", "edgespec", "serve", "--target", str(tiny["target"]), "--port", "0", "--api-key", "a\nb"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "no client could send this key" in p.stderr, p.stderr
+
+
+def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("abc abc abc abc " * 50)
+    s = ServeProcess(["--target", str(tiny["target"]), "--drafter", "suffix", "--ctx", "512", "--threads", "1", "--log-level", "info",
+                      "--lookup-corpus", str(corpus)])
+    port = _port(s)
+    # a request still streaming when the signals come: the shutdown must end it
+    c = socket.create_connection(("127.0.0.1", port), timeout=30)
+    body = b'{"prompt": "abc", "max_tokens": 100000, "stream": true}'
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    c.recv(64)
+    # and a request whose body never comes: uvicorn waits for it after the first Ctrl-C, the second one forces the exit
+    half = socket.create_connection(("127.0.0.1", port), timeout=30)
+    half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGINT)
+    time.sleep(0.8)  # inside uvicorn's wait for connections to close (up to 3 s)
+    s.proc.send_signal(signal.SIGINT)
+    try:
+        s.proc.wait(60)
+    finally:
+        c.close()
+        half.close()
+    time.sleep(0.2)  # the stderr reader thread catches up
+    err = "".join(s.lines)
+    assert "Traceback" not in err and "Exception in" not in err, err
+    assert s.proc.returncode in (130, -signal.SIGINT), (s.proc.returncode, err)
+    assert list((tmp_path / "cache" / "suffix").glob("*.idx")), err  # the shutdown ran: the memory was saved
+
+
+def test_a_body_that_would_tokenize_to_millions_of_ids_is_refused_before_tokenizing(keyed):
+    import httpx
+
+    prompt = "ab " * (3 << 20)  # 9 MiB: far more than 256 tokens of the tiny vocabulary can hold
+    r = httpx.post(keyed.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1},
+                   headers={"Authorization": b"Bearer " + KEY.encode()}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert "far more than a context of 256 tokens" in r.json()["error"]["message"]
