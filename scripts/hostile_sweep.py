@@ -9,6 +9,9 @@
 line), no traceback and no signal; the API raises an `EdgespecError` subclass (never a raw TypeError/ValueError);
 files `info` accepts load and decode in a subprocess without a signal; nothing the user had is lost. Everything
 runs on tiny generated models in a temporary folder; no real model is touched.
+
+Run on an edgespec older than issue 20, `cachefiles` hangs for its timeouts on FIFOs and reads a cache file that is a
+symlink to /dev/zero until the OOM killer stops the child (seen: SIGKILL after some GB): run it on a machine of your own.
 """
 
 from __future__ import annotations
