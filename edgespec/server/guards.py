@@ -34,14 +34,14 @@ class HostCheck:
 
 
 class BearerAuth:
-    """`Authorization: Bearer <key>` on every route but /health (and CORS preflights)."""
+    """`Authorization: Bearer <key>` on every route but /health and /v1/health (and CORS preflights)."""
 
     def __init__(self, app: ASGIApp, key: str | None) -> None:
         self.app = app
         self.key = key.encode() if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
+        if self.key is not None and scope["type"] == "http" and scope["path"] not in ("/health", "/v1/health") and scope["method"] != "OPTIONS":
             auth = _header(scope, b"authorization") or ""
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
