@@ -21,7 +21,7 @@ from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER
-from edgespec.tiny import write_tiny_fim_pair
+from edgespec.tiny import token_id, write_tiny_fim_pair, write_tiny_model
 from test_server import ServerThread, chat, sse_events
 
 GREEDY = SamplingParams(temperature=0)
@@ -138,12 +138,31 @@ def test_infill_raw_http(srv, reference):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input_extra[0]"
 
 
-def test_infill_t_max_predict_ms_stops_after_a_newline(srv):
-    # 0.001 ms: the limit is past at the first newline, so the answer ends there (stop_type "limit")
-    j = srv.post("/infill", {"input_prefix": "x", "input_suffix": "", "n_predict": 400, "temperature": 0, "t_max_predict_ms": 0.001}).json()
-    assert j["stop"] is True
-    if "\n" in j["content"]:  # the tiny model may never write a newline within n_predict
-        assert j["stop_type"] == "limit"
+def test_infill_t_max_predict_ms_stops_after_a_newline(tmp_path):
+    # a FIM model that writes newlines often; 0.001 ms: the limit is past at the first newline, so the answer ends
+    # within one cycle of it (stop_type "limit"); without the limit it runs to n_predict
+    hot = tuple(token_id(c) for c in "ab\n")
+    path = write_tiny_model(tmp_path / "nl.gguf", seed=3, hot_tokens=hot, name="tiny-nl", fim=True)
+    eng = Engine.load(ModelSpec(str(path), n_ctx=N_CTX, n_threads=1), calibrate_costs=False, drafter="ngram",
+                      spec=SpecConfig(draft_max=4, adaptive=False))
+    s = ServerThread(create_app(eng))
+    try:
+        body = {"input_prefix": "x", "input_suffix": "", "n_predict": 300, "temperature": 0}
+        full = s.post("/infill", body).json()
+        assert full["stop_type"] == "limit" and full["tokens_predicted"] == 300 and "\n" in full["content"]
+        j = s.post("/infill", {**body, "t_max_predict_ms": 0.001}).json()
+        assert j["stop"] is True and j["stop_type"] == "limit" and j["tokens_predicted"] < 300
+        first_nl = full["content"].index("\n")
+        assert full["content"].startswith(j["content"]) and len(j["content"]) > first_nl
+        assert srv_bad_t_max(s)
+    finally:
+        s.stop()
+        eng.close()
+
+
+def srv_bad_t_max(s: ServerThread) -> bool:
+    r = s.post("/infill", {"input_prefix": "x", "t_max_predict_ms": "soon"})
+    return r.status_code == 400 and r.json()["error"]["param"] == "t_max_predict_ms"
 
 
 def test_suffix_on_v1_completions_is_infill(srv, reference):
@@ -292,6 +311,24 @@ def test_responses_stream_and_async(srv, reference):
     assert asyncio.run(run()) == want.text
 
 
+def test_responses_input_items_as_the_agents_sdk_sends_them(srv, reference):
+    """Multi-turn input the way SDKs replay it: message items with ids and statuses, assistant output_text parts,
+    a developer message."""
+    items = [
+        {"role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+         "content": [{"type": "output_text", "text": "hello", "annotations": []}]},
+        {"role": "user", "content": "again"},
+    ]
+    r = srv.client().responses.create(model="m", input=items, max_output_tokens=5, temperature=0, store=False)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"}]
+    assert r.output_text == reference.generate(messages=msgs, sampling=GREEDY, max_tokens=5).text
+    with pytest.raises(openai.NotFoundError):  # store: false keeps nothing
+        srv.client().responses.retrieve(r.id)
+
+
 @pytest.mark.parametrize("kw,param", [
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}, "text.format"),
@@ -338,7 +375,13 @@ def test_agents_sdk_default_path(srv, reference):
 
 
 # --------------------------------------------------------------------------------------------- no silent surprises
-def test_ignored_parameters_are_reported(srv):
+def test_ignored_parameters_are_reported(srv, caplog):
+    with caplog.at_level("WARNING", logger="edgespec.server"):
+        for _ in range(2):
+            r = srv.post("/v1/chat/completions", {"messages": chat("x"), "max_tokens": 1, "zz_unique_param": 1})
+            assert r.headers[IGNORED_HEADER] == "zz_unique_param"
+    logged = [rec.getMessage() for rec in caplog.records if "zz_unique_param" in rec.getMessage()]
+    assert len(logged) == 1 and IGNORED_HEADER in logged[0]  # once per parameter name
     c = srv.client()
     raw = c.chat.completions.with_raw_response.create(model="m", messages=chat("x"), max_tokens=2, user="u", store=False,
                                                       metadata={"a": "b"}, service_tier="auto")
