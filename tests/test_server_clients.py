@@ -390,6 +390,9 @@ def test_ignored_parameters_are_reported(srv, caplog):
     assert r.headers[IGNORED_HEADER] == "user"
     r = srv.post("/v1/chat/completions", {"messages": chat("x"), "max_tokens": 2})
     assert IGNORED_HEADER not in r.headers
+    # a browser page may read it (CORS)
+    r = srv.post("/v1/chat/completions", {"messages": chat("x"), "max_tokens": 1, "user": "u"}, headers={"Origin": "http://localhost:3000"})
+    assert IGNORED_HEADER.lower() in r.headers["access-control-expose-headers"].lower()
 
 
 @pytest.mark.parametrize("body,param", [

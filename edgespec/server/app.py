@@ -49,7 +49,7 @@ from . import routes_responses as responses_api
 from . import schema
 from .guards import BearerAuth, CountResponses, HostCheck
 from .metrics import Metrics
-from .responses import JSON, GenerationResponse, api_error, edgespec_stats, error_response, timings, usage
+from .responses import IGNORED_HEADER, JSON, GenerationResponse, api_error, edgespec_stats, error_response, timings, usage
 from .schema import APIError, CompletionRequest
 
 log = logging.getLogger("edgespec.server")
@@ -439,6 +439,7 @@ def create_app(
             allow_origin_regex=None if "*" in origins else LOCAL_ORIGIN,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["*"],  # SDKs send their own headers (openai-node: X-Stainless-*); origins are what is checked
+            expose_headers=[IGNORED_HEADER],  # a page may read which of its parameters were ignored
             max_age=600,
         ),
         Middleware(BearerAuth, key=settings.api_key),
