@@ -254,15 +254,15 @@ def _messages(v: Any) -> list[dict[str, str]]:
         if not isinstance(m, dict):
             raise bad(where, f"{where} must be an object with role and content, got {_json_type(m)}")
         role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise unsupported(where, f"{where}: tool and function calls are not supported by this server")
+        if not isinstance(role, str) or role not in ROLES:
+            raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant; got {json.dumps(role)[:40]}")
         name = m.get("name")
         if name is not None and name != "":
             # the chat template layer sees role and content only: a name would be dropped without a word
             raise unsupported(f"{where}.name", f"{where}.name: message names are not passed to the chat template by this "
                                                "server; put the name into the content instead")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise unsupported(where, f"{where}: tool and function calls are not supported by this server")
-        if not isinstance(role, str) or role not in ROLES:
-            raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant; got {json.dumps(role)[:40]}")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
