@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "sources": sp.stats.as_dict().get("sources"),
             })
             r = rows[-1]
+            if args.json_out:  # after every prompt: a run stopped early keeps what it measured
+                atomic_write_text(args.json_out, json.dumps({"rows": rows, "partial": True}, indent=1))
             print(f"[{i + 1}/{len(prompts)}] {p.group:5s} {p.source:40s} ratio {r['ratio']:.2f} exact {r['exact']} "
                   f"({r['n_generated']} tok, plain {r['plain_s']:.2f}s spec {r['spec_s']:.2f}s, prefill {r['prefill_s']:.2f}s "
                   f"+ draft {r['draft_prefill_s']:.2f}s)", file=sys.stderr, flush=True)
