@@ -33,6 +33,7 @@ import numpy as np
 from .config import ModelSpec, check_tree_fits
 from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
+from .infill import FimTokens
 from .prompt_cache import PromptCache, common_prefix
 from .threads import ThreadTuner, candidate_counts
 
@@ -277,6 +278,20 @@ class Model:
             self._live()
             attr = C.llama_vocab_get_attr
             return [i for i in range(self.n_vocab) if attr(self._vocab, i) & _PARSED_SPECIAL]
+
+    def fim_tokens(self) -> FimTokens:
+        """The vocabulary's fill-in-the-middle tokens, as llama.cpp found them (GGUF metadata, or their known text)."""
+        with self._vocab_lock:
+            self._live()
+
+            def tok(fn: Any) -> int | None:
+                t = int(fn(self._vocab))
+                return t if 0 <= t < self.n_vocab else None
+
+            return FimTokens(
+                prefix=tok(C.llama_vocab_fim_pre), suffix=tok(C.llama_vocab_fim_suf), middle=tok(C.llama_vocab_fim_mid),
+                pad=tok(C.llama_vocab_fim_pad), repo=tok(C.llama_vocab_fim_rep), sep=tok(C.llama_vocab_fim_sep),
+            )
 
     # ----------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:

@@ -38,6 +38,7 @@ from .errors import ConfigError, ContextFullError, EdgespecError, EngineClosedEr
 from .estimators import MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
+from .infill import FILE_NAME, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
 from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, make_speculator, model_draft_used
@@ -106,6 +107,7 @@ class Engine:
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._max_token_bytes: int | None = None
+        self._fim: FimTokens | None = None
         self._closed = False
         if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
             raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
@@ -288,6 +290,71 @@ class Engine:
         if not toks:
             raise ConfigError("the prompt is empty")
         return toks
+
+    # ----------------------------------------------------------------------------- fill-in-the-middle
+    def fim_tokens(self) -> FimTokens:
+        """The target vocabulary's FIM tokens (see edgespec.infill)."""
+        if self._fim is None:
+            self._live()
+            self._fim = self.target.fim_tokens()
+        return self._fim
+
+    def infill_tokens(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        extra: Sequence[ExtraChunk | tuple[str, str] | Mapping[str, Any] | str] = (),
+        prompt: str = "",
+        reserve: int = 0,
+    ) -> list[int]:
+        """Token ids of the fill-in-the-middle prompt for the code around a cursor (layout: infill.fim_layout).
+        extra: other files' text as context (ExtraChunk, (filename, text), {"filename", "text"} or a text); prompt:
+        text typed after the prefix; reserve: tokens to leave free in the context for the middle (what does not fit
+        is cut: extra chunks first, then the prefix's start, then the suffix's end). ConfigError when the model has no
+        FIM tokens."""
+        fim = self.fim_tokens()
+        if fim.missing:
+            raise ConfigError(
+                f"{_stem_name(self.target.spec.path)} cannot fill in the middle: its vocabulary has no FIM "
+                f"{'/'.join(fim.missing)} token (use a code model trained for infill, e.g. Qwen2.5-Coder)"
+            )
+        for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
+            if not isinstance(v, str):
+                raise ConfigError(f"{name} must be a string, got {type(v).__name__}")
+        chunks = [_extra_chunk(c, i) for i, c in enumerate(extra)]
+        _check_int("reserve", reserve, 0)
+
+        def tok(text: str) -> list[int]:
+            return self.target.tokenize(text, parse_special=False) if text else []
+
+        return fim_layout(
+            fim, tok(prefix), tok(suffix), prompt=tok(prompt),
+            extra=[(tok(c.filename + "\n"), tok(c.text)) for c in chunks],
+            repo=tok(REPO_NAME + "\n"), current_file=tok(FILE_NAME + "\n"),
+            bos=self.target.bos if self.target.add_bos and self.target.bos >= 0 else None,
+            budget=max(4, self.target.n_ctx - reserve),
+        )
+
+    def infill_stream(
+        self,
+        prefix: str,
+        suffix: str = "",
+        *,
+        extra: Sequence[ExtraChunk | tuple[str, str] | Mapping[str, Any] | str] = (),
+        prompt: str = "",
+        max_tokens: int = 256,
+        **kwargs: Any,
+    ) -> Generation:
+        """Queue the generation of the code between `prefix` and `suffix` (the keywords of stream()); the handle
+        yields the middle. Drafting looks up the suffix and the extra chunks too: they are part of the prompt."""
+        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        toks = self.infill_tokens(prefix, suffix, extra=extra, prompt=prompt, reserve=min(max_tokens, self.target.n_ctx // 2))
+        return self.stream(tokens=toks, max_tokens=max_tokens, **kwargs)
+
+    def infill(self, prefix: str, suffix: str = "", **kwargs: Any) -> Result:
+        """infill_stream(), waited for: the middle's text, token ids, stats and finish reason."""
+        return self.infill_stream(prefix, suffix, **kwargs).result()
 
     # ----------------------------------------------------------------------------- generation
     def model_draft_used(self, drafter: str | None = None) -> bool:
@@ -510,6 +577,31 @@ def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
     if "decodes" in info:
         info["decodes"] = {c: n - before.get(c, 0) for c, n in info["decodes"].items()}
     return info
+
+
+def _stem_name(path: str) -> str:
+    return os.path.basename(path)
+
+
+def _extra_chunk(c: Any, i: int) -> ExtraChunk:
+    """One extra context chunk for infill, from any of the accepted spellings."""
+    where = f"extra[{i}]"
+    if isinstance(c, ExtraChunk):
+        out = c
+    elif isinstance(c, str):
+        out = ExtraChunk(c)
+    elif isinstance(c, tuple) and len(c) == 2:
+        out = ExtraChunk(c[1], c[0])
+    elif isinstance(c, Mapping):
+        unknown = set(c) - {"text", "filename"}
+        if unknown:
+            raise ConfigError(f"{where} has unknown keys {sorted(unknown)} (it takes text and filename)")
+        out = ExtraChunk(c.get("text", ""), c.get("filename", "tmp"))
+    else:
+        raise ConfigError(f"{where} must be a text, a (filename, text) pair or a {{'filename', 'text'}} mapping")
+    if not isinstance(out.text, str) or not isinstance(out.filename, str):
+        raise ConfigError(f"{where}: text and filename must be strings")
+    return out
 
 
 def _curve(calibration: cal.Calibration) -> VerifyCurve:

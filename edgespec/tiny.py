@@ -25,6 +25,8 @@ CHATML_TEMPLATE = (
 )
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2.5-Coder's fill-in-the-middle tokens (llama.cpp recognises them by their text); only in models written with fim=True
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
 
 
@@ -41,12 +43,14 @@ def bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def tiny_vocab(extra_tokens: int = 0) -> list[str]:
-    """256 byte tokens (id = byte value), merged tokens, special tokens, then `extra_tokens` fillers."""
+def tiny_vocab(extra_tokens: int = 0, fim: bool = False) -> list[str]:
+    """256 byte tokens (id = byte value), merged tokens, special tokens, the FIM tokens (fim), then `extra_tokens`
+    fillers."""
     b2u = bytes_to_unicode()
     tokens = [b2u[b] for b in range(256)]
     tokens += [m.replace(" ", "") for m in MERGES]
     tokens += SPECIAL_TOKENS
+    tokens += FIM_TOKENS if fim else []
     tokens += [f"<|extra_{i}|>" for i in range(extra_tokens)]
     return tokens
 
@@ -80,24 +84,26 @@ def write_tiny_model(
     architecture: str = "llama",
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "edgespec-tiny",
+    fim: bool = False,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
     Models written with the same `extra_tokens`/`token_overrides` share a tokenizer; `seed` changes the weights
-    (a different seed gives a plausible but different "draft"). `weight_dtype=np.float64` writes F64 matrices,
+    (a different seed gives a plausible but different "draft"). fim=True adds Qwen2.5-Coder's FIM control tokens
+    (a different tokenizer from the default one: see write_tiny_fim_pair). `weight_dtype=np.float64` writes F64 matrices,
     which llama.cpp cannot compute (a validation test case).
     """
     import gguf
 
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens = tiny_vocab(extra_tokens)
+    tokens = tiny_vocab(extra_tokens, fim)
     for i, text in (token_overrides or {}).items():
         tokens[i] = text
     n_vocab = len(tokens)
     toktypes = [gguf.TokenType.NORMAL] * n_vocab
     eos = 256 + len(MERGES)
-    for i in range(eos, eos + len(SPECIAL_TOKENS)):
+    for i in range(eos, eos + len(SPECIAL_TOKENS) + (len(FIM_TOKENS) if fim else 0)):
         toktypes[i] = gguf.TokenType.CONTROL
     head_dim = d_model // n_head
 
@@ -160,6 +166,17 @@ def write_truncated_copy(src: str | Path, dst: str | Path, keep_fraction: float 
     dst = Path(dst)
     dst.write_bytes(data[: int(len(data) * keep_fraction)])
     return dst
+
+
+def write_tiny_fim_pair(directory: str | Path) -> dict[str, Path]:
+    """A target and a draft that know fill-in-the-middle (their vocabulary has FIM tokens; the weights are as
+    random as the standard set's, so the middle they write is not meaningful code)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    return {
+        "target": write_tiny_model(d / "tiny-fim-target.gguf", seed=1, name="tiny-fim-target", fim=True),
+        "draft": write_tiny_model(d / "tiny-fim-draft.gguf", seed=2, layer_scale=0.4, name="tiny-fim-draft", fim=True),
+    }
 
 
 def write_tiny_set(directory: str | Path) -> dict[str, Path]:

@@ -228,7 +228,7 @@ def main() -> None:
                     order = systems[i % len(systems):] + systems[: i % len(systems)]
                     for s in order:
                         r = workers[s].ask(ids, args.max_tokens)
-                        r.update(system=s, load=load, suite=suite, prompt=i)
+                        r.update(system=s, load=load, suite=suite, prompt=i, loadavg=os.getloadavg()[0])
                         runs.append(r)
                         log(f"{load:9} {suite:16} {s:15} {r['rate']:6.1f} tok/s  max gap {1000 * r['max_gap']:6.0f} ms")
     finally:

@@ -138,8 +138,9 @@ from .bench import bench  # noqa: E402
 from .chat import chat  # noqa: E402
 from .generate import generate  # noqa: E402
 from .info import info  # noqa: E402
+from .infill import infill  # noqa: E402
 from .models import models  # noqa: E402
 from .serve import serve  # noqa: E402
 
-for _cmd in (info, generate, chat, bench, models, serve):
+for _cmd in (info, generate, infill, chat, bench, models, serve):
     main.add_command(_cmd)

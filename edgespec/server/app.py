@@ -43,10 +43,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from . import routes_llamacpp as llamacpp
+from . import routes_ollama as ollama
+from . import routes_responses as responses_api
 from . import schema
 from .guards import BearerAuth, CountResponses, HostCheck
 from .metrics import Metrics
-from .responses import JSON, GenerationResponse, api_error, edgespec_stats, error_response, timings, usage
+from .responses import IGNORED_HEADER, JSON, GenerationResponse, api_error, edgespec_stats, error_response, timings, usage
 from .schema import APIError, CompletionRequest
 
 log = logging.getLogger("edgespec.server")
@@ -110,6 +113,7 @@ class ServerState:
     records: deque = field(init=False)  # the last settings.history RequestRecords
     closing: bool = False
     live: set = field(default_factory=set)  # GenerationResponses being written
+    stored: Any = None  # routes_responses.ResponseStore: /v1/responses kept for previous_response_id (made on first use)
 
     def __post_init__(self) -> None:
         self.records = deque(maxlen=self.settings.history)
@@ -273,7 +277,12 @@ def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]
     """In a worker thread (templates and tokenizers take time on long prompts): the prompt's tokens, the context
     check, and the queued generation."""
     eng = state.engine
-    if req.messages is not None:
+    if req.infill is not None:
+        fi = req.infill
+        reserve = min(req.max_tokens or eng.target.n_ctx // 4, eng.target.n_ctx // 2)
+        tokens = eng.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
+        param = "prompt"
+    elif req.messages is not None:
         tokens = eng.prompt_tokens(messages=req.messages)
         param = "messages"
     elif req.prompt is not None:
@@ -299,11 +308,20 @@ def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]
     return gen, len(tokens), max_tokens
 
 
-async def _generate(request: Request, parse: Callable[[Mapping[str, Any]], CompletionRequest], kind: str) -> Any:
+async def _generate(
+    request: Request,
+    parse: Callable[[Mapping[str, Any]], CompletionRequest],
+    kind: str,
+    response: type[GenerationResponse] = GenerationResponse,
+    body: dict[str, Any] | None = None,
+) -> Any:
+    """Parse, prepare and queue one generation; the `response` class writes it in its API's format (body: the
+    request's JSON when the route has read it already)."""
     state = _state(request)
     state.require_engine()
     try:
-        body = await read_json(request, state.settings.max_body_bytes)
+        if body is None:
+            body = await read_json(request, state.settings.max_body_bytes)
         req = parse(body)
         spec_kw = state.spec_kwargs(req)
     except APIError:
@@ -324,13 +342,14 @@ async def _generate(request: Request, parse: Callable[[Mapping[str, Any]], Compl
         raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt", code="context_length_exceeded") from None
     except (ConfigError, TemplateError) as e:
         state.metrics.rejected["invalid"] += 1
-        raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt") from None
+        param = "messages" if req.messages is not None else "input_prefix" if req.infill is not None and kind == "infill" else "prompt"
+        raise APIError(400, str(e), param=param) from None
     except EngineClosedError as e:
         raise api_error(e) from None
     record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=n_prompt, max_tokens=max_tokens)
-    response = GenerationResponse(state, req, gen, record)
-    record.id = response.id
-    return response
+    out = response(state, req, gen, record)
+    record.id = out.id
+    return out
 
 
 async def chat_completions(request: Request) -> Any:
@@ -394,6 +413,24 @@ def create_app(
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        # llama-server's own endpoints (routes_llamacpp.py)
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/props", llamacpp.props, methods=["GET"]),
+        Route("/completion", llamacpp.completion, methods=["POST"]),
+        Route("/infill", llamacpp.infill, methods=["POST"]),
+        Route("/tokenize", llamacpp.tokenize, methods=["POST"]),
+        Route("/detokenize", llamacpp.detokenize, methods=["POST"]),
+        Route("/apply-template", llamacpp.apply_template, methods=["POST"]),
+        # Ollama's (routes_ollama.py)
+        Route("/api/tags", ollama.tags, methods=["GET"]),
+        Route("/api/show", ollama.show, methods=["POST"]),
+        Route("/api/chat", ollama.chat, methods=["POST"]),
+        Route("/api/generate", ollama.generate, methods=["POST"]),
+        Route("/api/version", ollama.version, methods=["GET"]),
+        # OpenAI's Responses API (routes_responses.py)
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
     ]
     origins = list(settings.cors_origins)
     middleware = [
@@ -405,6 +442,7 @@ def create_app(
             allow_origin_regex=None if "*" in origins else LOCAL_ORIGIN,
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=["*"],  # SDKs send their own headers (openai-node: X-Stainless-*); origins are what is checked
+            expose_headers=[IGNORED_HEADER],  # a page may read which of its parameters were ignored
             max_age=600,
         ),
         Middleware(BearerAuth, key=settings.api_key),

@@ -34,7 +34,7 @@ class HostCheck:
 
 
 class BearerAuth:
-    """`Authorization: Bearer <key>` on every route but /health (and CORS preflights)."""
+    """`Authorization: Bearer <key>` on every route but /health and /v1/health (and CORS preflights)."""
 
     def __init__(self, app: ASGIApp, key: str | None) -> None:
         self.app = app
@@ -43,7 +43,7 @@ class BearerAuth:
         self.key = key_bytes(key) if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is not None and scope["type"] == "http" and scope["path"] != "/health" and scope["method"] != "OPTIONS":
+        if self.key is not None and scope["type"] == "http" and scope["path"] not in ("/health", "/v1/health") and scope["method"] != "OPTIONS":
             auth = _raw_header(scope, b"authorization") or b""
             scheme, _, token = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(b" \t"), self.key):

@@ -22,6 +22,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("edgespec.server")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+IGNORED_HEADER = "X-Edgespec-Ignored-Params"
+_logged_ignored: set[str] = set()  # parameter names already logged as ignored (once per name per process)
+
+
+def ignored_headers(ignored: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """The response header that lists the request keys this server did not read; each name is also logged once."""
+    if not ignored:
+        return {}
+    new = [k for k in ignored if k not in _logged_ignored]
+    if new:
+        _logged_ignored.update(new)
+        log.warning("ignored request parameter(s): %s (listed in the %s response header)", ", ".join(new), IGNORED_HEADER)
+    return {IGNORED_HEADER: ", ".join(k.encode("ascii", "replace").decode()[:64] for k in ignored)}
 
 
 def usage(stats: Any) -> dict[str, Any]:
@@ -79,6 +92,7 @@ class GenerationResponse:
         self.drafter = state.engine.drafter_kind
         self.spans: list[list[int]] = []  # [start, end) character ranges of text from accepted drafts
         self._chars = 0
+        self.headers = ignored_headers(req.ignored)
 
     # -- the client leaving
     def _left(self) -> None:
@@ -176,7 +190,7 @@ class GenerationResponse:
             "usage": usage(stats),
             **self._stats_fields(),
         }
-        await _send_json(send, 200, body)
+        await _send_json(send, 200, body, self.headers)
 
     # -- streaming
     def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -210,8 +224,13 @@ class GenerationResponse:
         head, tail = frame.split(sse.dumps(marker))
         return head, tail
 
+    async def _start(self, send: Send, headers: list[tuple[bytes, bytes]] = sse.HEADERS) -> None:
+        """The 200 status line of a stream, with its headers and this request's ignored-parameter header."""
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": list(headers) + extra})
+
     async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": sse.HEADERS})
+        await self._start(send)
 
         async def body(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -313,4 +332,4 @@ def error_response(e: APIError) -> Response:
 
 
 
-__all__ = ["GenerationResponse", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]
+__all__ = ["GenerationResponse", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]

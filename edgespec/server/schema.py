@@ -3,8 +3,10 @@ OpenAI clients read them (`{"error": {"message", "type", "param", "code"}}`).
 
 Every problem with a request is an `APIError` with an HTTP status and one line that names the parameter. Nothing
 a client sends is ignored when it would change the answer: features edgespec does not have (tools, n > 1,
-logprobs, JSON output, grammars...) are refused with a 400 that says so. Unknown keys are ignored, as llama-server
-and most OpenAI-compatible servers do, so that clients sending newer optional fields keep working.
+logprobs, JSON output, grammars...) are refused with a 400 that says so. Unknown keys are accepted, as llama-server
+and most OpenAI-compatible servers do, so that clients sending newer optional fields keep working, but never in
+silence: `CompletionRequest.ignored` lists them, the response carries them in an `X-Edgespec-Ignored-Params` header
+and the server logs each name once (docs/server.md).
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..config import MAX_SEED, SamplingParams
 from ..errors import ConfigError
+from ..infill import ExtraChunk
 
 MAX_STOPS = 32
 MAX_TOKENS_LIMIT = 1 << 20
@@ -189,18 +192,53 @@ class CompletionRequest:
     draft_max: int | None
     show_draft: bool
     model: str | None
+    infill: "InfillInput | None" = None  # fill-in-the-middle: the prompt is built from the code around the cursor
+    ignored: tuple[str, ...] = ()  # keys of the body this server does not read (reported, never silent)
+
+
+@dataclass(frozen=True)
+class InfillInput:
+    """The code around the cursor (Engine.infill_tokens's arguments)."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[ExtraChunk, ...] = ()
+    prompt: str = ""
+
+
+# Keys _common and the parsers read (and those refused in _UNSUPPORTED): anything else in a body is reported ignored.
+COMMON_KEYS = frozenset({
+    "model", "stream", "stream_options", "max_completion_tokens", "max_tokens", "n_predict", "temperature", "top_p",
+    "seed", "repeat_last_n", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "speculative",
+    "draft_max", "speculative.n_max", "stop", "show_draft", "logprobs",
+})
+
+
+def ignored_keys(body: Mapping[str, Any], known: frozenset[str] | set[str]) -> tuple[str, ...]:
+    """The body's keys outside `known` and the refused features, in a stable order."""
+    refused = {k for k, _, _ in _UNSUPPORTED}
+    return tuple(sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused))
 
 
 def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
     _refuse_unsupported(body)
     messages = _messages(_get(body, "messages"))
-    return _common(body, "chat", messages=messages)
+    return replace(_common(body, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
+    suffix = _get(body, "suffix")
+    if suffix is not _MISSING and suffix != "":  # insertion: the prompt is the code before the cursor
+        _string(suffix, "suffix")
+        body = {k: v for k, v in body.items() if k != "suffix"}
     _refuse_unsupported(body)
     prompt, tokens = _prompt(_get(body, "prompt"))
-    return _common(body, "completion", prompt=prompt, tokens=tokens)
+    req = replace(_common(body, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}))
+    if suffix is _MISSING or suffix == "":
+        return req
+    if prompt is None:
+        raise unsupported("suffix", "suffix needs the prompt as a string (the code before the cursor), not token ids")
+    return replace(req, prompt=None, infill=InfillInput(prefix=prompt, suffix=suffix))
 
 
 def _messages(v: Any) -> list[dict[str, str]]:
@@ -220,6 +258,11 @@ def _messages(v: Any) -> list[dict[str, str]]:
             raise unsupported(where, f"{where}: tool and function calls are not supported by this server")
         if not isinstance(role, str) or role not in ROLES:
             raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant; got {json.dumps(role)[:40]}")
+        name = m.get("name")
+        if name is not None and name != "":
+            # the chat template layer sees role and content only: a name would be dropped without a word
+            raise unsupported(f"{where}.name", f"{where}.name: message names are not passed to the chat template by this "
+                                               "server; put the name into the content instead")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -341,6 +384,8 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
     include_usage = False
     so = _get(body, "stream_options")
     if so is not _MISSING:
+        if not stream:
+            raise bad("stream_options", "stream_options is only allowed when stream is true")
         if not isinstance(so, dict):
             raise bad("stream_options", "stream_options must be an object")
         try:
@@ -349,6 +394,8 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
             raise bad("stream_options.include_usage", "stream_options." + e.message) from None
     mct = _integer(body, "max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
     mt = _integer(body, "max_tokens", None, 1, MAX_TOKENS_LIMIT)
+    if mct is not None and mt is not None and mct != mt:
+        raise bad("max_tokens", f"max_tokens ({mt}) and max_completion_tokens ({mct}) disagree; send one of them")
     n_predict = _integer(body, "n_predict", None, -1, MAX_TOKENS_LIMIT)  # llama.cpp's name; -1 = no limit
     max_tokens = mct if mct is not None else mt if mt is not None else (n_predict if n_predict not in (None, -1, 0) else None)
     if n_predict == 0 and mct is None and mt is None:
@@ -397,4 +444,5 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
     )
 
 
-__all__ = ["APIError", "CompletionRequest", "error_body", "parse_json", "parse_chat", "parse_completion", "bad", "unsupported"]
+__all__ = ["APIError", "CompletionRequest", "InfillInput", "ignored_keys", "COMMON_KEYS", "error_body", "parse_json", "parse_chat",
+           "parse_completion", "bad", "unsupported"]

@@ -1,0 +1,307 @@
+"""llama-server's native endpoints, for clients set up for a "llama.cpp" provider (editor plugins such as llama.vim
+and llama.vscode, desktop front-ends): `/v1/health`, `/props`, `/completion`, `/infill`, `/tokenize`, `/detokenize`,
+`/apply-template`. Each is a translation over the same engine call as the OpenAI routes (shapes: llama.cpp's
+tools/server/README.md).
+
+A request field of llama-server that edgespec cannot honour is a 400 naming it (schema._UNSUPPORTED); the others it
+does not read are listed in the `X-Edgespec-Ignored-Params` header. `cache_prompt` is accepted: the KV cache is
+always reused, which never changes the output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Mapping
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Send
+
+from .. import __version__
+from ..errors import ConfigError, EdgespecError, TemplateError
+from ..infill import ExtraChunk
+from . import schema, sse
+from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
+from .schema import APIError, CompletionRequest, InfillInput, bad
+
+# llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
+COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms"})
+INFILL_KEYS = COMPLETION_KEYS | {"input_prefix", "input_suffix", "input_extra"}
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}
+
+
+def _app_fns() -> Any:
+    from . import app  # the route functions live in app.py (imported lazily: app imports this module)
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------- parsing
+def _llama_body(body: Mapping[str, Any], known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The body without llama-server's own keys (what schema.parse_completion reads) and the keys ignored."""
+    ignored = schema.ignored_keys(body, known)
+    return {k: v for k, v in body.items() if k not in known or k == "prompt"}, ignored
+
+
+def _t_max(body: Mapping[str, Any]) -> float | None:
+    v = body.get("t_max_predict_ms")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise bad("t_max_predict_ms", "t_max_predict_ms must be a number of milliseconds >= 0")
+    return float(v) / 1000 if v > 0 else None
+
+
+def parse_llama_completion(body: Mapping[str, Any]) -> CompletionRequest:
+    rest, ignored = _llama_body(body, COMPLETION_KEYS)
+    req = schema.parse_completion(rest)
+    return replace(req, ignored=ignored)
+
+
+def parse_infill(body: Mapping[str, Any]) -> CompletionRequest:
+    rest, ignored = _llama_body(body, INFILL_KEYS)
+    prompt = rest.pop("prompt", None)
+    if prompt is not None and not isinstance(prompt, str):
+        raise bad("prompt", "prompt must be a string (text typed after input_prefix)")
+    texts = {}
+    for key in ("input_prefix", "input_suffix"):
+        v = body.get(key)
+        if v is not None and not isinstance(v, str):
+            raise bad(key, f"{key} must be a string")
+        texts[key] = v or ""
+    extra = body.get("input_extra")
+    chunks: list[ExtraChunk] = []
+    if extra is not None:
+        if not isinstance(extra, list):
+            raise bad("input_extra", "input_extra must be an array of {\"filename\", \"text\"} objects")
+        for i, c in enumerate(extra):
+            where = f"input_extra[{i}]"
+            if not isinstance(c, dict) or not isinstance(c.get("text", ""), str) or not isinstance(c.get("filename", "tmp"), str):
+                raise bad(where, f"{where} must be an object with string text and filename")
+            chunks.append(ExtraChunk(c.get("text", ""), c.get("filename", "tmp")))
+    req = schema.parse_completion({**rest, "prompt": prompt or ""})
+    return replace(req, prompt=None, ignored=ignored,
+                   infill=InfillInput(texts["input_prefix"], texts["input_suffix"], tuple(chunks), prompt or ""))
+
+
+# --------------------------------------------------------------------------------------------- the answer
+class LlamaCompletionResponse(GenerationResponse):
+    """One /completion or /infill generation in llama-server's shape: a JSON object, or SSE `data:` events with
+    `content` and `stop`, the last one (`stop: true`) with the totals; no `[DONE]`."""
+
+    t_max: float | None = None
+    return_tokens: bool = False
+    prompt_text: str = ""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.id = "cmpl-" + self.id.split("-", 1)[1]
+        self.timed_out = False
+        self._first: float | None = None
+        self._newline = False
+
+    def _check_time(self, text: str) -> None:
+        """t_max_predict_ms: stop once the time since the first token is past it and a newline was generated."""
+        if self.t_max is None:
+            return
+        now = time.monotonic()
+        if self._first is None:
+            self._first = now
+        self._newline = self._newline or "\n" in text
+        if self._newline and now - self._first > self.t_max and not self.gen.done:
+            self.timed_out = True
+            self.gen.cancel()
+
+    def _result(self) -> tuple[APIError | None, str]:
+        if self.timed_out and self._error() is None and self.gen.finish_reason == "cancelled":
+            return None, "limit"
+        api, _ = self._outcome()
+        if api is not None:
+            return api, ""
+        return None, STOP_TYPE.get(self.gen.finish_reason, "limit")
+
+    def _final(self, stop_type: str, content: str) -> dict[str, Any]:
+        stats = self.gen.stats
+        text = self.gen.text
+        out: dict[str, Any] = {
+            "index": 0,
+            "content": content,
+            "tokens": list(self.gen.token_ids) if self.return_tokens else [],
+            "id_slot": 0,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": stats.n_generated,
+            "tokens_evaluated": stats.n_prompt,
+            "generation_settings": self._settings(),
+            "prompt": self.prompt_text,
+            "has_new_line": "\n" in text,
+            "truncated": self.gen.finish_reason == "context",
+            "stop_type": stop_type,
+            "stopping_word": self._stopping_word() if stop_type == "word" else "",
+            "tokens_cached": stats.n_cached,
+            "timings": timings(stats),
+            "edgespec": edgespec_stats(stats, self.req, self.drafter),
+        }
+        return out
+
+    def _settings(self) -> dict[str, Any]:
+        s = self.req.sampling
+        return {
+            "n_ctx": self.state.engine.target.n_ctx, "n_predict": self.record.max_tokens, "model": self.model,
+            "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
+            "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "stop": list(self.req.stop), "stream": self.req.stream,
+            "speculative": self.req.speculative,
+        }
+
+    def _stopping_word(self) -> str:
+        full = self.state.engine.target.detokenize(self.gen.token_ids)
+        rest = full[len(self.gen.text):]
+        return next((s for s in self.req.stop if rest.startswith(s)), next((s for s in self.req.stop if s in rest), ""))
+
+    async def _complete(self, send: Send) -> None:
+        async for chunk in self.gen:
+            self._check_time(chunk.text)
+        if self.client_left:
+            return
+        api, stop_type = self._result()
+        if api is not None:
+            await _send_json(send, api.status, api.body(), api.headers)
+            return
+        await _send_json(send, 200, self._final(stop_type, self.gen.text), self.headers)
+
+    async def _stream(self, send: Send) -> None:
+        await self._start(send)
+
+        async def body(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        n_prompt = self.record.n_prompt
+        async for chunk in self.gen:
+            self._check_time(chunk.text)
+            if self.client_left or not chunk.text:
+                continue
+            await body(sse.event({"index": 0, "content": chunk.text, "tokens": chunk.tokens, "stop": False, "id_slot": 0,
+                                  "tokens_predicted": len(self.gen.token_ids), "tokens_evaluated": n_prompt}))
+        if self.client_left:
+            return
+        api, stop_type = self._result()
+        await body(sse.event(api.body() if api is not None else self._final(stop_type, "")))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _response_for(body_hint: dict[str, Any]) -> type[LlamaCompletionResponse]:
+    """A response class carrying the per-request llama-server options the writer needs."""
+    return type("LlamaCompletion", (LlamaCompletionResponse,), body_hint)
+
+
+async def _llama_generate(request: Request, parse: Any, kind: str) -> Any:
+    app = _app_fns()
+    state = app._state(request)
+    state.require_engine()
+    body = await app.read_json(request, state.settings.max_body_bytes)
+    hint = {"t_max": _t_max(body), "return_tokens": bool(body.get("return_tokens")),
+            "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else ""}
+    return await app._generate(request, lambda _b: parse(body), kind, _response_for(hint), body=body)
+
+
+async def completion(request: Request) -> Any:
+    return await _llama_generate(request, parse_llama_completion, "completion")
+
+
+async def infill(request: Request) -> Any:
+    return await _llama_generate(request, parse_infill, "infill")
+
+
+# --------------------------------------------------------------------------------------------- tokens, templates, props
+async def _body(request: Request) -> dict[str, Any]:
+    app = _app_fns()
+    state = app._state(request)
+    state.require_engine()
+    return await app.read_json(request, state.settings.max_body_bytes)
+
+
+def _piece(b: bytes) -> Any:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)  # llama-server: a piece that is not whole UTF-8 is its bytes
+
+
+async def tokenize(request: Request) -> Response:
+    body = await _body(request)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise bad("content", "content must be a string" if content is not None else "content is required",
+                  code=None if content is not None else "missing_required_parameter")
+    flags = {}
+    for key, default in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
+        v = body.get(key, default)
+        if not isinstance(v, bool):
+            raise bad(key, f"{key} must be true or false")
+        flags[key] = v
+    eng = _app_fns()._state(request).engine
+    ids = await anyio.to_thread.run_sync(
+        lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
+    out: Any = [{"id": t, "piece": _piece(eng.target.token_bytes(t, special=True))} for t in ids] if flags["with_pieces"] else ids
+    return JSON({"tokens": out}, headers=ignored_headers(schema.ignored_keys(body, {"content", "add_special", "parse_special", "with_pieces"})))
+
+
+async def detokenize(request: Request) -> Response:
+    body = await _body(request)
+    toks = body.get("tokens")
+    eng = _app_fns()._state(request).engine
+    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+        raise bad("tokens", "tokens must be an array of token ids")
+    bad_ids = [t for t in toks if not 0 <= t < eng.target.n_vocab]
+    if bad_ids:
+        raise bad("tokens", f"token id {bad_ids[0]} is outside the vocabulary (size {eng.target.n_vocab})")
+    text = await anyio.to_thread.run_sync(lambda: eng.target.detokenize(toks, special=True))
+    return JSON({"content": text}, headers=ignored_headers(schema.ignored_keys(body, {"tokens"})))
+
+
+async def apply_template(request: Request) -> Response:
+    body = await _body(request)
+    req = schema.parse_chat({"messages": body.get("messages")})
+    eng = _app_fns()._state(request).engine
+    try:
+        prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages))
+    except (TemplateError, ConfigError) as e:
+        raise bad("messages", str(e)) from None
+    return JSON({"prompt": prompt}, headers=ignored_headers(schema.ignored_keys(body, {"messages"})))
+
+
+async def props(request: Request) -> Response:
+    state = _app_fns()._state(request)
+    eng = state.require_engine()
+    t = eng.target
+    try:
+        fim = eng.fim_tokens()
+        can_infill = not fim.missing
+    except EdgespecError:
+        can_infill = False
+
+    def text(tok: int) -> str:
+        return t.token_bytes(tok, special=True).decode("utf-8", "replace") if 0 <= tok < t.n_vocab else ""
+
+    return JSON({
+        "default_generation_settings": {
+            "id": 0, "id_task": -1, "n_ctx": t.n_ctx, "speculative": eng.drafter_kind != "none", "is_processing": False,
+            "params": {"n_predict": -1, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": -1,
+                       "repeat_penalty": 1.0, "repeat_last_n": 64, "speculative.n_max": eng.spec.draft_max},
+        },
+        "total_slots": 1,
+        "model_alias": state.model_id,
+        "model_path": t.spec.path,
+        "chat_template": t.chat_template or "",
+        "bos_token": text(t.bos),
+        "eos_token": text(t.eos),
+        "modalities": {"vision": False, "audio": False},
+        "infill": can_infill,
+        "build_info": f"edgespec-{__version__}",
+    })
+
+
+__all__ = ["completion", "infill", "tokenize", "detokenize", "apply_template", "props", "parse_infill", "parse_llama_completion"]

@@ -1,0 +1,302 @@
+"""Ollama-compatible endpoints for clients set up for an "Ollama" provider: `/api/tags`, `/api/show`, `/api/chat`,
+`/api/generate` (NDJSON streaming, on by default as in Ollama), `/api/version`. Shapes: Ollama's docs/api.md.
+
+Each is a translation over the same engine call as the OpenAI routes. `options` map onto edgespec's settings
+(`num_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `repeat_penalty`, `repeat_last_n`,
+`presence_penalty`, `frequency_penalty`); load-time options that never change the output (`num_thread`, `num_gpu`,
+`num_batch`, `use_mmap`, ...) and `keep_alive` are accepted and reported in the `X-Edgespec-Ignored-Params` header;
+an option or field that would change the answer and cannot be honoured (`mirostat`, `template`, `images`, `format`,
+`tools`, a `num_ctx` larger than the server's context...) is a 400 naming it. Errors have Ollama's shape,
+`{"error": "<message>"}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Send
+
+from .. import __version__
+from . import schema
+from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, timings
+from .schema import APIError, CompletionRequest, InfillInput, bad, unsupported
+
+NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+# options -> the OpenAI-style key schema reads
+OPTION_KEYS = {
+    "num_predict": "n_predict", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "seed": "seed", "stop": "stop", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+}
+# options that only say how to load or run the model: they never change the answer
+RUNTIME_OPTIONS = frozenset({"num_keep", "num_thread", "num_gpu", "main_gpu", "num_batch", "use_mmap", "use_mlock",
+                             "low_vram", "f16_kv", "vocab_only", "numa", "logits_all", "embedding_only"})
+# options that would change the answer, with the value that leaves it unchanged
+NEUTRAL_OPTIONS = {"mirostat": 0, "tfs_z": 1, "typical_p": 1, "penalize_newline": None}
+CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "format", "tools", "think"})
+GENERATE_KEYS = frozenset({"model", "prompt", "suffix", "system", "template", "raw", "context", "images", "stream",
+                           "options", "keep_alive", "format", "think"})
+
+
+def _app_fns() -> Any:
+    from . import app
+
+    return app
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def ollama_error(e: APIError) -> Response:
+    """Ollama's error shape: one string, which names the field at fault."""
+    msg = e.message if not e.param or e.param in e.message else f"{e.param}: {e.message}"
+    return JSON({"error": msg}, status_code=e.status, headers=e.headers)
+
+
+# --------------------------------------------------------------------------------------------- parsing
+def _options(body: Mapping[str, Any], n_ctx: int) -> tuple[dict[str, Any], list[str]]:
+    """`options` as schema keys, and the names accepted without effect."""
+    opts = body.get("options")
+    if opts is None:
+        return {}, []
+    if not isinstance(opts, dict):
+        raise bad("options", "options must be an object")
+    out: dict[str, Any] = {}
+    ignored = []
+    for k, v in opts.items():
+        if k in OPTION_KEYS:
+            out[OPTION_KEYS[k]] = v
+        elif k == "num_ctx":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad("options.num_ctx", "options.num_ctx must be a positive integer")
+            if v > n_ctx:
+                raise unsupported("options.num_ctx", f"options.num_ctx {v} exceeds this server's context ({n_ctx}); "
+                                  "start the server with a larger --ctx")
+            ignored.append("options.num_ctx")  # a smaller window: the answer is the same until the context fills
+        elif k in RUNTIME_OPTIONS:
+            ignored.append(f"options.{k}")
+        elif k in NEUTRAL_OPTIONS:
+            if v is not None and v != NEUTRAL_OPTIONS[k] and k != "penalize_newline":
+                raise unsupported(f"options.{k}", f"options.{k} is not supported by this server")
+            ignored.append(f"options.{k}")
+        else:
+            raise unsupported(f"options.{k}", f"options.{k} is not a setting this server knows")
+    if out.get("n_predict") == -2:  # Ollama: fill the context
+        out["n_predict"] = -1
+    return out, ignored
+
+
+def _refuse(body: Mapping[str, Any]) -> None:
+    for key, fine in (("format", lambda v: v in (None, "")), ("tools", lambda v: v in (None, [])),
+                      ("think", lambda v: v in (None, False)), ("images", lambda v: v in (None, [])),
+                      ("template", lambda v: v in (None, "")), ("context", lambda v: v in (None, []))):
+        if not fine(body.get(key)):
+            what = {"format": "format (structured output) is not supported yet", "tools": "tools are not supported yet",
+                    "think": "think is not supported (not a reasoning model server)", "images": "images are not supported (text only)",
+                    "template": "a custom template is not supported (the model's own chat template is used)",
+                    "context": "context (the deprecated token context) is not supported; send the conversation as messages"}[key]
+            raise unsupported(key, what)
+
+
+def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    _refuse(body)
+    opts, ign = _options(body, n_ctx)
+    stream = body.get("stream", True)
+    if not isinstance(stream, bool):
+        raise bad("stream", "stream must be true or false")
+    ka = body.get("keep_alive")
+    ignored = sorted(k for k in body if k not in known)
+    if ka is not None:
+        ignored.append("keep_alive")  # the model stays loaded for the server's life
+    mapped = {**opts, "stream": stream}
+    if isinstance(body.get("model"), str):
+        mapped["model"] = body["model"]
+    return mapped, tuple(ignored + ign)
+
+
+def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
+    mapped, ignored = _common(body, n_ctx, CHAT_KEYS)
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        for i, m in enumerate(msgs):
+            if isinstance(m, dict) and m.get("images"):
+                raise unsupported(f"messages[{i}].images", "images are not supported (text only)")
+            if isinstance(m, dict) and m.get("thinking"):
+                raise unsupported(f"messages[{i}].thinking", "thinking is not supported")
+        msgs = [{k: v for k, v in m.items() if k not in ("images", "thinking")} if isinstance(m, dict) else m for m in msgs]
+    req = schema.parse_chat({**mapped, "messages": msgs})
+    return replace(req, ignored=ignored)
+
+
+def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
+    mapped, ignored = _common(body, n_ctx, GENERATE_KEYS)
+    prompt = body.get("prompt") or ""
+    suffix = body.get("suffix") or ""
+    system = body.get("system") or ""
+    raw = body.get("raw", False)
+    for key, v in (("prompt", prompt), ("suffix", suffix), ("system", system)):
+        if not isinstance(v, str):
+            raise bad(key, f"{key} must be a string")
+    if not isinstance(raw, bool):
+        raise bad("raw", "raw must be true or false")
+    if suffix:
+        req = schema.parse_completion({**mapped, "prompt": prompt})
+        return replace(req, prompt=None, ignored=ignored + (("system",) if system else ()), infill=InfillInput(prompt, suffix))
+    if raw:
+        return replace(schema.parse_completion({**mapped, "prompt": prompt}), ignored=ignored + (("system",) if system else ()))
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return replace(schema.parse_chat({**mapped, "messages": messages}), kind="completion", ignored=ignored)
+
+
+# --------------------------------------------------------------------------------------------- the answer
+class OllamaResponse(GenerationResponse):
+    """One generation as Ollama writes it: one JSON object, or NDJSON lines ending with `"done": true` and the
+    counts (durations in nanoseconds)."""
+
+    chat = True
+
+    def _piece(self, text: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": _now()}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": text}
+        else:
+            out["response"] = text
+        return out
+
+    def _final(self, reason: str, text: str) -> dict[str, Any]:
+        s = self.gen.stats
+        t = timings(s)
+        out = self._piece(text)
+        out.update({
+            "done": True,
+            "done_reason": reason,
+            "total_duration": int((s.wall + s.timings.queue) * 1e9),
+            "load_duration": 0,
+            "prompt_eval_count": s.n_prompt,
+            "prompt_eval_duration": int(t["prompt_ms"] * 1e6),
+            "eval_count": s.n_generated,
+            "eval_duration": int(t["predicted_ms"] * 1e6),
+            "edgespec": edgespec_stats(s, self.req, self.drafter),
+        })
+        return out
+
+    async def _complete(self, send: Send) -> None:
+        async for _ in self.gen:
+            pass
+        if self.client_left:
+            return
+        api, reason = self._outcome()
+        if api is not None:
+            await _send_json(send, api.status, {"error": api.message}, api.headers)
+            return
+        await _send_json(send, 200, self._final(reason, self.gen.text), self.headers)
+
+    async def _stream(self, send: Send) -> None:
+        from . import sse
+
+        await self._start(send, NDJSON_HEADERS)
+
+        async def line(obj: Any) -> None:
+            await send({"type": "http.response.body", "body": sse.dumps(obj) + b"\n", "more_body": True})
+
+        async for chunk in self.gen:
+            if self.client_left or not chunk.text:
+                continue
+            await line({**self._piece(chunk.text), "done": False})
+        if self.client_left:
+            return
+        api, reason = self._outcome()
+        await line({"error": api.message} if api is not None else self._final(reason, ""))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class OllamaGenerateResponse(OllamaResponse):
+    chat = False
+
+
+# --------------------------------------------------------------------------------------------- routes
+async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: str) -> Any:
+    app = _app_fns()
+    try:
+        state = app._state(request)
+        eng = state.require_engine()
+        body = await app.read_json(request, state.settings.max_body_bytes)
+        if cls is OllamaGenerateResponse and not body.get("prompt") and not body.get("suffix"):
+            _common(body, eng.target.n_ctx, GENERATE_KEYS)  # the checks still apply
+            # Ollama: an empty prompt loads the model and answers at once
+            return JSON({"model": state.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
+        return await app._generate(request, lambda b: parse(b, eng.target.n_ctx), kind, cls, body=body)
+    except APIError as e:
+        return ollama_error(e)
+
+
+async def chat(request: Request) -> Any:
+    return await _run(request, parse_ollama_chat, OllamaResponse, "chat")
+
+
+async def generate(request: Request) -> Any:
+    return await _run(request, parse_ollama_generate, OllamaGenerateResponse, "completion")
+
+
+def _ollama_name(state: Any) -> str:
+    mid = state.model_id
+    return mid if ":" in mid else mid + ":latest"
+
+
+def _details(eng: Any) -> dict[str, Any]:
+    info = eng.target.info
+    n = info.n_params
+    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
+            "parameter_size": size, "quantization_level": info.quantization}
+
+
+async def tags(request: Request) -> Response:
+    state = _app_fns()._state(request)
+    try:
+        eng = state.require_engine()
+    except APIError as e:
+        return ollama_error(e)
+    info = eng.target.info
+    modified = datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+    name = _ollama_name(state)
+    return JSON({"models": [{"name": name, "model": name, "modified_at": modified, "size": info.file_size,
+                             "digest": "", "details": _details(eng)}]})
+
+
+async def show(request: Request) -> Response:
+    app = _app_fns()
+    state = app._state(request)
+    try:
+        eng = state.require_engine()
+        body = await app.read_json(request, state.settings.max_body_bytes)
+        want = body.get("model", body.get("name"))
+        if not isinstance(want, str) or not want:
+            raise bad("model", "model is required")
+        if want not in (state.model_id, _ollama_name(state)):
+            raise APIError(404, f"model '{want}' not found (this server serves '{_ollama_name(state)}')", param="model")
+    except APIError as e:
+        return ollama_error(e)
+    info = eng.target.info
+    try:
+        infill = not eng.fim_tokens().missing
+    except Exception:  # noqa: BLE001 - a vocabulary that cannot say: no infill
+        infill = False
+    model_info = {"general.architecture": info.architecture, "general.name": info.name or "",
+                  "general.parameter_count": info.n_params, f"{info.architecture}.context_length": info.context_length,
+                  "edgespec.n_ctx": eng.target.n_ctx, "edgespec.drafter": eng.drafter_kind}
+    return JSON({"modelfile": "", "parameters": "", "template": eng.target.chat_template or "", "details": _details(eng),
+                 "model_info": model_info, "capabilities": ["completion"] + (["insert"] if infill else []),
+                 "modified_at": datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")})
+
+
+async def version(request: Request) -> Response:
+    return JSON({"version": __version__})
+
+
+__all__ = ["chat", "generate", "tags", "show", "version", "parse_ollama_chat", "parse_ollama_generate"]

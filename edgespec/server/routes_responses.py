@@ -1,0 +1,371 @@
+"""OpenAI's Responses API: `POST /v1/responses` (one JSON response object, or server-sent events with the
+Responses event types) and `GET /v1/responses/{id}`, for the openai SDK's `responses.*`, the OpenAI Agents SDK and
+other clients built on it.
+
+A Responses request is translated, in `to_chat_body`, into the body of a chat completions request and parsed by the
+same code (schema.parse_chat): `instructions` becomes a system message, `input` (a string or message items) the
+messages, `max_output_tokens` max_completion_tokens, `text.format` response_format and function `tools` chat tools.
+What chat completions refuses is refused here under the Responses name (`text.format`, `tools`), so when chat
+completions learns structured output and tools, this route follows with no change.
+
+`previous_response_id` continues a stored conversation: each stored response keeps its input messages and output,
+in a bounded in-memory store (the oldest go first; `store: false` keeps nothing). As OpenAI does, the previous
+response's `instructions` are not carried over.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Send
+
+from . import schema
+from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
+from .schema import APIError, CompletionRequest, bad, unsupported
+
+STORE_SIZE = 256  # responses kept for previous_response_id
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+# Keys read here; the parameters OpenAI defines that do not change the answer are accepted and reported ignored.
+KNOWN = frozenset({"model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p",
+                   "stream", "store", "text", "tools", "tool_choice", "seed", "stop", "top_k", "min_p", "repeat_penalty",
+                   "presence_penalty", "frequency_penalty", "speculative", "draft_max", "show_draft", "reasoning",
+                   "include", "background", "max_tool_calls", "top_logprobs", "truncation", "parallel_tool_calls",
+                   "stream_options", "conversation", "prompt", "metadata"})
+# parameter -> the chat completions key it becomes (for errors chat completions raises)
+RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
+
+
+@dataclass
+class Stored:
+    messages: list[dict[str, str]]  # the conversation so far, the response's own output last
+    body: dict[str, Any]  # the response object
+
+
+class ResponseStore:
+    """The last STORE_SIZE stored responses (thread-safe)."""
+
+    def __init__(self, size: int = STORE_SIZE) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, rid: str, item: Stored) -> None:
+        with self._lock:
+            self._items[rid] = item
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def get(self, rid: str) -> Stored | None:
+        with self._lock:
+            return self._items.get(rid)
+
+
+def _store(state: Any) -> ResponseStore:
+    if state.stored is None:
+        state.stored = ResponseStore()
+    return state.stored
+
+
+# --------------------------------------------------------------------------------------------- the request
+@dataclass
+class ResponsesInput:
+    """What the answer needs besides the chat request: the Responses fields echoed back, and the conversation."""
+
+    messages: list[dict[str, Any]]
+    instructions: str | None
+    previous_response_id: str | None
+    max_output_tokens: int | None
+    store: bool
+    metadata: Any
+    echo: dict[str, Any] = field(default_factory=dict)
+
+
+def _text(content: Any, where: str) -> Any:
+    """A Responses message content as chat content (a string or text parts)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(where, f"{where} must be a string or an array of content parts")
+    parts = []
+    for j, p in enumerate(content):
+        pw = f"{where}[{j}]"
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            parts.append({"type": "text", "text": p.get("text")})
+        elif kind == "refusal":
+            parts.append({"type": "text", "text": p.get("refusal")})
+        else:
+            raise unsupported(pw, f"{pw}: content of type {kind!r} is not supported (text only)")
+    return parts
+
+
+def _input_messages(v: Any) -> list[dict[str, Any]]:
+    if isinstance(v, str):
+        return [{"role": "user", "content": v}]
+    if not isinstance(v, list):
+        raise bad("input", "input must be a string or an array of input items")
+    out = []
+    for i, item in enumerate(v):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(where, f"{where} must be an object")
+        kind = item.get("type", "message")
+        if kind in ("function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"):
+            raise unsupported(where, f"{where}: {kind} items need tools, which this server does not support yet")
+        if kind != "message":
+            raise unsupported(where, f"{where}: input items of type {kind!r} are not supported")
+        role = item.get("role")
+        msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+        out.append(msg)
+    return out
+
+
+def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Responses `tools`/`tool_choice` as chat completions keys (function tools only)."""
+    out: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad("tools", "tools must be an array")
+        chat_tools = []
+        for i, t in enumerate(tools):
+            if not isinstance(t, dict) or t.get("type") != "function":
+                kind = t.get("type") if isinstance(t, dict) else None
+                raise unsupported(f"tools[{i}]", f"tools[{i}]: tools of type {kind!r} are not supported (function tools only)")
+            fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
+            chat_tools.append({"type": "function", "function": fn})
+        out["tools"] = chat_tools
+    tc = body.get("tool_choice")
+    if tc is not None:
+        out["tool_choice"] = {"type": "function", "function": {"name": tc.get("name")}} if isinstance(tc, dict) and tc.get("type") == "function" else tc
+    return out
+
+
+def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict[str, Any], ResponsesInput]:
+    """The chat completions body for a Responses request (the one place where Responses maps onto chat)."""
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad("instructions", "instructions must be a string")
+    if body.get("input") is None:
+        raise bad("input", "input is required: a string or an array of input items", code="missing_required_parameter")
+    new = _input_messages(body["input"])
+    history = list(previous.messages) if previous is not None else []
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + history + new
+    chat: dict[str, Any] = {"messages": messages}
+    for src, dst in (("model", "model"), ("max_output_tokens", "max_completion_tokens"), ("temperature", "temperature"),
+                     ("top_p", "top_p"), ("stream", "stream"), ("seed", "seed"), ("stop", "stop"), ("top_k", "top_k"),
+                     ("min_p", "min_p"), ("repeat_penalty", "repeat_penalty"), ("presence_penalty", "presence_penalty"),
+                     ("frequency_penalty", "frequency_penalty"), ("speculative", "speculative"), ("draft_max", "draft_max"),
+                     ("show_draft", "show_draft")):
+        if body.get(src) is not None:
+            chat[dst] = body[src]
+    text = body.get("text")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise bad("text", "text must be an object like {\"format\": {\"type\": \"text\"}}")
+        fmt = text.get("format")
+        if fmt is not None:
+            # Responses puts a JSON schema's name and schema beside "type"; chat completions nests them
+            chat["response_format"] = fmt if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema") else {
+                "type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+        if text.get("verbosity") not in (None, "medium"):
+            raise unsupported("text.verbosity", "text.verbosity is not supported")
+    chat.update(_tools(body))
+    for key, fine, what in (
+        ("background", lambda v: v is False, "background responses are not supported"),
+        ("reasoning", lambda v: not isinstance(v, dict) or not v.get("effort") and not v.get("summary"),
+         "reasoning is not supported (not a reasoning model server)"),
+        ("include", lambda v: v == [], "include is not supported (nothing extra to include)"),
+        ("top_logprobs", lambda v: v == 0, "top_logprobs is not supported"),
+        ("truncation", lambda v: v == "disabled", "truncation other than \"disabled\" is not supported"),
+        ("conversation", lambda v: False, "conversations are not supported; use previous_response_id"),
+        ("prompt", lambda v: False, "prompt templates are not supported"),
+        ("stream_options", lambda v: body.get("stream") is True, "stream_options is only allowed when stream is true"),
+    ):
+        v = body.get(key)
+        if v is not None and not fine(v):
+            raise unsupported(key, what)
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise bad("store", "store must be true or false")
+    ri = ResponsesInput(
+        messages=history + new, instructions=instructions, previous_response_id=body.get("previous_response_id"),
+        max_output_tokens=body.get("max_output_tokens"), store=store, metadata=body.get("metadata") or {},
+        echo={"parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice", "auto"),
+              "tools": body.get("tools") or [], "text": text or {"format": {"type": "text"}},
+              "truncation": body.get("truncation") or "disabled", "user": body.get("user")},
+    )
+    return chat, ri
+
+
+def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> tuple[CompletionRequest, ResponsesInput]:
+    prev_id = body.get("previous_response_id")
+    previous = None
+    if prev_id is not None:
+        if not isinstance(prev_id, str):
+            raise bad("previous_response_id", "previous_response_id must be a string")
+        previous = store.get(prev_id)
+        if previous is None:
+            raise APIError(404, f"Previous response with id '{prev_id}' not found (this server keeps the last {store.size} "
+                                "stored responses, in memory)", param="previous_response_id", code="previous_response_not_found")
+    chat, ri = to_chat_body(body, previous)
+    try:
+        req = schema.parse_chat(chat)
+    except APIError as e:
+        p = e.param or ""
+        head = p.split(".", 1)[0].split("[", 1)[0]
+        if head in RENAMED:
+            raise APIError(e.status, e.message.replace(head, RENAMED[head]), param=RENAMED[head] + p[len(head):], code=e.code) from None
+        if head == "messages":
+            raise APIError(e.status, e.message, param="input", code=e.code) from None
+        raise
+    return replace(req, ignored=tuple(sorted(k for k in body if k not in KNOWN))), ri
+
+
+# --------------------------------------------------------------------------------------------- the answer
+def _usage(stats: Any) -> dict[str, Any]:
+    return {
+        "input_tokens": stats.n_prompt,
+        "input_tokens_details": {"cached_tokens": stats.n_cached},
+        "output_tokens": stats.n_generated,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": stats.n_prompt + stats.n_generated,
+    }
+
+
+class ResponsesResponse(GenerationResponse):
+    """One generation as a Responses object, or as its event stream."""
+
+    ri: ResponsesInput
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.id = "resp_" + secrets.token_hex(24)
+        self.msg_id = "msg_" + secrets.token_hex(24)
+        self.seq = 0
+
+    def _message(self, text: str, status: str) -> dict[str, Any]:
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
+        return {"id": self.msg_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    def _object(self, status: str, text: str | None, reason: str | None = None, error: Any = None) -> dict[str, Any]:
+        s = self.req.sampling
+        ri = self.ri
+        out: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "background": False, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if reason == "length" else None,
+            "instructions": ri.instructions, "max_output_tokens": ri.max_output_tokens, "model": self.model,
+            "output": [] if text is None else [self._message(text, "completed" if reason != "length" else "incomplete")],
+            "previous_response_id": ri.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "store": ri.store, "temperature": s.temperature, "top_p": s.top_p, "metadata": ri.metadata,
+            **ri.echo,
+            "usage": None,
+        }
+        if text is not None and error is None:
+            stats = self.gen.stats
+            out["usage"] = _usage(stats)
+            out["timings"] = timings(stats)
+            out["edgespec"] = edgespec_stats(stats, self.req, self.drafter)
+            out["output_text"] = text
+        return out
+
+    def _keep(self, body: dict[str, Any], text: str) -> None:
+        if self.ri.store and body["status"] in ("completed", "incomplete"):
+            _store(self.state).put(self.id, Stored(self.ri.messages + [{"role": "assistant", "content": text}], body))
+
+    async def _complete(self, send: Send) -> None:
+        async for chunk in self.gen:
+            self._track(chunk)
+        if self.client_left:
+            return
+        api, reason = self._outcome()
+        if api is not None:
+            await _send_json(send, api.status, api.body(), api.headers)
+            return
+        text = self.gen.text
+        body = self._object("incomplete" if reason == "length" else "completed", text, reason)
+        self._keep(body, text)
+        await _send_json(send, 200, body, self.headers)
+
+    def _event(self, kind: str, **data: Any) -> bytes:
+        from . import sse
+
+        payload = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return f"event: {kind}\n".encode() + sse.event(payload)
+
+    async def _stream(self, send: Send) -> None:
+        await self._start(send, SSE_HEADERS)
+
+        async def emit(kind: str, **data: Any) -> None:
+            await send({"type": "http.response.body", "body": self._event(kind, **data), "more_body": True})
+
+        start = self._object("in_progress", None)
+        await emit("response.created", response=start)
+        await emit("response.in_progress", response=start)
+        await emit("response.output_item.added", output_index=0, item=self._message("", "in_progress"))
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        ids = {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
+        await emit("response.content_part.added", **ids, part=part)
+        async for chunk in self.gen:
+            self._track(chunk)
+            if self.client_left or not chunk.text:
+                continue
+            await emit("response.output_text.delta", **ids, delta=chunk.text, logprobs=[])
+        if self.client_left:
+            return
+        api, reason = self._outcome()
+        if api is not None:
+            err = {"code": api.code or api.type, "message": api.message}
+            await emit("error", code=err["code"], message=api.message, param=api.param)
+            await emit("response.failed", response=self._object("failed", None, error=err))
+        else:
+            text = self.gen.text
+            await emit("response.output_text.done", **ids, text=text, logprobs=[])
+            await emit("response.content_part.done", **ids, part={**part, "text": text})
+            done = self._object("incomplete" if reason == "length" else "completed", text, reason)
+            await emit("response.output_item.done", output_index=0, item=done["output"][0])
+            self._keep(done, text)
+            await emit("response.incomplete" if reason == "length" else "response.completed", response=done)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# --------------------------------------------------------------------------------------------- routes
+async def create(request: Request) -> Any:
+    from . import app
+
+    state = app._state(request)
+    state.require_engine()
+    body = await app.read_json(request, state.settings.max_body_bytes)
+    holder: dict[str, ResponsesInput] = {}
+
+    def parse(b: Mapping[str, Any]) -> CompletionRequest:
+        req, holder["ri"] = parse_responses(b, _store(state))
+        return req
+
+    out = await app._generate(request, parse, "chat", ResponsesResponse, body=body)
+    out.ri = holder["ri"]
+    return out
+
+
+async def retrieve(request: Request) -> Response:
+    from . import app
+
+    state = app._state(request)
+    state.require_engine()
+    rid = request.path_params["response_id"]
+    item = _store(state).get(rid)
+    if item is None:
+        raise APIError(404, f"Response with id '{rid}' not found", param="response_id", code="not_found")
+    return JSON(item.body, headers=ignored_headers(()))
+
+
+__all__ = ["create", "retrieve", "to_chat_body", "parse_responses", "ResponseStore"]
+
