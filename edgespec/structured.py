@@ -129,7 +129,8 @@ def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
 def tool_constraint(tools: Sequence[Tool], choice: str, *, parallel: bool = True) -> Constraint | None:
     """The grammar of an answer under tool_choice: None for "none" (free text); for "required" or a named function
     one (or, with parallel, several) `<tool_call>` blocks whose JSON is {"name", "arguments"} with the arguments
-    valid for that tool's schema; for "auto" the same or a text answer (one that does not start with "<")."""
+    valid for that tool's schema; for "auto" the same, or such a JSON object alone (small models often drop the
+    tags: it is a call too), or a text answer (one that starts with neither "<" nor "{")."""
     if choice == "none" or not tools:
         return None
     chosen = [t for t in tools if t.name == choice] if choice not in ("auto", "required") else list(tools)
@@ -137,7 +138,7 @@ def tool_constraint(tools: Sequence[Tool], choice: str, *, parallel: bool = True
     call = f'call: "{TOOL_OPEN}\\n" %json {schema} "\\n{TOOL_CLOSE}"'
     calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
     if choice == "auto":
-        lark = f"start: calls | TEXT\nTEXT: /[^<](.|\\n)*/\n{calls}\n{call}\n"
+        lark = f"start: calls | bare | TEXT\nTEXT: /[^<{{](.|\\n)*/\nbare: %json {schema}\n{calls}\n{call}\n"
     else:
         lark = f"start: calls\n{calls}\n{call}\n"
     return Constraint.grammar(lark)
@@ -199,10 +200,19 @@ def tool_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]) 
     return out
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
     """The model's answer as (content, tool_calls): every well-formed `<tool_call>` block with a JSON {"name",
     "arguments"} object becomes an OpenAI tool call (arguments as a JSON string, an id "call_..."); the text around
-    them is the content (None when empty)."""
+    them is the content (None when empty). Without blocks, an answer that is only such a JSON object naming one of
+    `names` is a call too."""
+    bare = text.strip()
+    if names is not None and bare.startswith("{") and TOOL_OPEN not in text:
+        try:
+            obj = json.loads(bare)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and obj.get("name") in names and isinstance(obj.get("arguments", {}), (dict, str)):
+            return None, [_openai_call(obj)]
     calls: list[dict[str, Any]] = []
     rest: list[str] = []
     pos = 0
@@ -215,17 +225,19 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             continue
         rest.append(text[pos : m.start()])
         pos = m.end()
-        args = obj.get("arguments", {})
-        calls.append(
-            {
-                "id": "call_" + secrets.token_hex(12),
-                "type": "function",
-                "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
-            }
-        )
+        calls.append(_openai_call(obj))
     rest.append(text[pos:])
     content = "".join(rest).strip()
     return (content or None), calls
+
+
+def _openai_call(obj: Mapping[str, Any]) -> dict[str, Any]:
+    args = obj.get("arguments", {})
+    return {
+        "id": "call_" + secrets.token_hex(12),
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+    }
 
 
 __all__ = [

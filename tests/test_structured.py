@@ -102,6 +102,12 @@ def test_auto_allows_text_or_calls_and_parallel_calls(vocab):
     call = b'\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n'
     assert m.advance(256) and walk(m, call) and m.advance(257)
     assert m.advance(ord("\n")) and m.advance(256) and walk(m, call) and m.advance(257) and m.accepting
+    m.rollback(m.n_advanced)
+    assert walk(m, b'{"name": "add", "arguments": {"a": 1, "b": 2}}') and m.accepting  # a call without its tags
+    m.rollback(m.n_advanced)
+    assert not m.allows(ord("{")) or walk(m, b'{"name": ')  # "{" opens a call, never free text
+    m.rollback(m.n_advanced)
+    assert walk(m, b'{"name": ') and not m.allows(ord("x"))
     single = Matcher(tool_constraint(tools, "required", parallel=False), vocab)
     assert single.advance(256) and walk(single, call) and single.advance(257)
     assert not single.allows(ord("\n")) and single.mask()[EOS]
@@ -113,6 +119,10 @@ def test_parse_tool_calls():
     assert content == "Let me check." and len(calls) == 1
     assert calls[0]["function"] == {"name": "add", "arguments": json.dumps({"a": 1, "b": 2})} and calls[0]["id"].startswith("call_")
     assert parse_tool_calls("plain text") == ("plain text", [])
+    bare = parse_tool_calls(' {"name": "add", "arguments": {"a": 1}}', ["add"])
+    assert bare[0] is None and bare[1][0]["function"]["name"] == "add"
+    assert parse_tool_calls('{"name": "other", "arguments": {}}', ["add"])[1] == []
+    assert parse_tool_calls('{"name": "add", "arguments": {}}')[1] == []  # without names: only tagged calls
     assert parse_tool_calls("<tool_call>not json</tool_call>")[1] == []
     two = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>')
     assert two[0] is None and [c["function"]["name"] for c in two[1]] == ["a", "b"]

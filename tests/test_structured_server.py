@@ -160,7 +160,7 @@ def test_bad_constraints_are_400(srv, body, param):
 @pytest.mark.real
 def test_real_pair_parse_and_tool_call(real_pair):
     target, draft = real_pair
-    eng = Engine.load(ModelSpec(str(target), n_ctx=4096), ModelSpec(str(draft), n_ctx=4096))
+    eng = Engine.load(ModelSpec(str(target), n_ctx=4096), ModelSpec(str(draft), n_ctx=4096), calibrate_costs=False)
     s = ServerThread(create_app(eng))
     try:
         client = s.client()
@@ -178,6 +178,7 @@ def test_real_pair_parse_and_tool_call(real_pair):
         t = client.chat.completions.create(
             model="m", messages=ask("What's the weather in Rome for the next 3 days?"), tools=[WEATHER], temperature=0, max_tokens=100
         )
+        assert t.choices[0].finish_reason == "tool_calls"
         call = t.choices[0].message.tool_calls[0]
         assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "rome", "days": 3}
     finally:

@@ -202,7 +202,7 @@ class GenerationResponse:
         if self.req.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if self.req.tool_choice != "none":
-                content, calls = parse_tool_calls(text)
+                content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
                     reason = "tool_calls" if reason == "stop" else reason
@@ -264,7 +264,7 @@ class GenerationResponse:
         if self.req.kind == "chat":
             await body(sse.event(self._chunk(self._delta_choice("", None, role=True))))
         head, tail = self._text_template()
-        # with tools, text that opens with "<" may be a tool call: held back until the end, then sent as tool_calls
+        # with tools, text that opens with "<" or "{" may be a tool call: held back until the end, then sent as tool_calls
         # deltas (one with the call's id and name, one with its arguments); anything else streams as content
         holding = self.req.kind == "chat" and self.req.tool_choice != "none"
         held = ""
@@ -274,7 +274,7 @@ class GenerationResponse:
                 continue
             if holding:
                 held += chunk.text
-                if not held.lstrip() or held.lstrip().startswith("<"):
+                if not held.lstrip() or held.lstrip()[0] in "<{":
                     continue
                 holding = False
                 chunk_text, held = held, ""
@@ -296,7 +296,7 @@ class GenerationResponse:
             await body(sse.event(api.body()))
         else:
             if held:
-                content, calls = parse_tool_calls(held)
+                content, calls = parse_tool_calls(held, [t.name for t in self.req.tools])
                 if content is not None or not calls:
                     await body(head + sse.dumps(held if not calls else content) + tail)
                 for i, call in enumerate(calls):
