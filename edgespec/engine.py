@@ -471,8 +471,8 @@ class Engine:
                     break
             else:
                 tail = detok.flush()
-                if tail:
-                    self._push(job, texts, Chunk(tail, [], False))
+                if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
+                    self._push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None))
         finally:
             steps.close()
             if detok.stopped:

@@ -369,3 +369,33 @@ def test_a_dead_end_stops_with_reason_constraint(models):
     out = run(target, PROMPT, SamplingParams(temperature=0.0), np.random.default_rng(0), 50, m, None, stats, True)
     assert stats.stop_reason in ("constraint", "length")
     assert len(out) <= 50
+
+
+# ------------------------------------------------------------------------------------------------ logprobs
+def test_logprobs_are_the_same_from_drafts_and_from_plain_decoding(tiny):
+    """A seeded generation gives plain decoding's tokens whatever the drafts; their logprobs must match too (the
+    target's own distribution at each position), constrained or not."""
+    from edgespec.engine import Engine
+
+    eng = Engine.load(ModelSpec(str(tiny["target"]), n_ctx=512, n_threads=1), ModelSpec(str(tiny["draft"]), n_ctx=512, n_threads=1),
+                      spec=SpecConfig(draft_max=4, adaptive=False), calibrate_costs=False)
+    try:
+        for constraint in (None, Constraint.regex(r"[a-e ]{3,12}x")):
+            sp = SamplingParams(temperature=0.9, seed=5)
+            runs = []
+            for speculative in (False, True):
+                gen = eng.stream("abc d", sampling=sp, max_tokens=14, speculative=speculative, constraint=constraint, logprobs=3)
+                chunks = list(gen)
+                r = gen.result()
+                lps = [lp for c in chunks for lp in (c.logprobs or [])]
+                runs.append((r.token_ids, lps, r.stats.n_accepted))
+            (ids_a, lps_a, _), (ids_b, lps_b, acc_b) = runs
+            assert ids_a == ids_b and acc_b > 0
+            text_ids = [t for t in ids_a if t != EOS]  # the end token has no text: no logprob entry
+            assert [lp.token for lp in lps_a] == text_ids == [lp.token for lp in lps_b]
+            for a, b in zip(lps_a, lps_b):
+                assert abs(a.logprob - b.logprob) < 1e-4 and 1 <= len(a.top) <= 3  # tokens of probability 0 are left out
+                assert [t for t, _ in a.top] == [t for t, _ in b.top] and a.top[0][1] >= a.top[-1][1]
+                assert a.logprob <= 0.0 and any(t == a.token for t, _ in a.top) or a.logprob < a.top[-1][1] + 1e-9
+    finally:
+        eng.close()

@@ -679,7 +679,7 @@ BAD = [
     ({"messages": chat("x"), "n": 2}, 400, "n"),
     ({"messages": chat("x"), "tools": [{"type": "function", "function": {"name": "no spaces allowed"}}]}, 400, "tools"),
     ({"messages": chat("x"), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"}, 400, "tool_choice"),
-    ({"messages": chat("x"), "logprobs": True}, 400, "logprobs"),
+    ({"messages": chat("x"), "logprobs": "yes"}, 400, "logprobs"),
     ({"messages": chat("x"), "response_format": {"type": "xml"}}, 400, "response_format"),
     ({"messages": chat("x"), "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}}, 400, "response_format"),
     ({"messages": chat("x"), "logit_bias": {"5": 10}}, 400, "logit_bias"),

@@ -140,6 +140,22 @@ def test_streamed_tool_call_deltas(srv):
         assert json.loads(slot["arguments"])["city"] in ("paris", "rome")
 
 
+def test_logprobs_on_chat_and_completions(srv):
+    client = srv.client()
+    r = client.chat.completions.create(model="m", messages=ask("x"), temperature=0.7, seed=2, max_tokens=12, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    assert all(c.logprob <= 0 and 1 <= len(c.top_logprobs) <= 2 for c in content)
+    chunks = list(client.chat.completions.create(model="m", messages=ask("x"), temperature=0.7, seed=2, max_tokens=12, logprobs=True,
+                                                 top_logprobs=2, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [(c.token, round(c.logprob, 4)) for c in streamed] == [(c.token, round(c.logprob, 4)) for c in content]
+    c = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 0, "logprobs": 2}).json()["choices"][0]
+    assert "".join(c["logprobs"]["tokens"]) == c["text"] and len(c["logprobs"]["top_logprobs"]) == len(c["logprobs"]["tokens"])
+    bad = srv.post("/v1/chat/completions", {"messages": ask("x"), "top_logprobs": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
 @pytest.mark.parametrize(
     "body,param",
     [
