@@ -24,7 +24,15 @@ from .errors import (  # noqa: E402
 )
 from .stats import GenerationStats  # noqa: E402
 
-_LAZY = {"Engine": "engine", "Result": "engine", "Chunk": "engine", "Generation": "engine", "ChatSession": "chat"}
+_LAZY = {
+    "Engine": "engine",
+    "Result": "engine",
+    "Chunk": "engine",
+    "Generation": "engine",
+    "ChatSession": "chat",
+    "Constraint": "constraint",
+    "ConstraintError": "constraint",
+}
 
 
 def __getattr__(name: str):  # lazy: importing edgespec must not load llama.cpp
@@ -41,6 +49,8 @@ __all__ = [
     "Chunk",
     "Generation",
     "ChatSession",
+    "Constraint",
+    "ConstraintError",
     "ModelSpec",
     "SamplingParams",
     "SpecConfig",

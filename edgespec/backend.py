@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .config import ModelSpec, check_tree_fits
+from .constraint import Vocabulary
 from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
 from .infill import FimTokens
@@ -161,6 +162,7 @@ class Model:
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._want = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._constraint_vocab: Vocabulary | None = None
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
@@ -292,6 +294,17 @@ class Model:
                 prefix=tok(C.llama_vocab_fim_pre), suffix=tok(C.llama_vocab_fim_suf), middle=tok(C.llama_vocab_fim_mid),
                 pad=tok(C.llama_vocab_fim_pad), repo=tok(C.llama_vocab_fim_rep), sep=tok(C.llama_vocab_fim_sep),
             )
+
+    def constraint_vocab(self) -> Vocabulary:
+        """The vocabulary as constraints need it (constraint.Vocabulary): every token's bytes (control tokens
+        marked special), the end-of-generation ids, and this model's tokenizer. Built once per model."""
+        if self._constraint_vocab is None:
+            control = self.control_tokens()
+            tokens = [self.token_bytes(i, special=True) for i in range(self.n_vocab)]
+            self._constraint_vocab = Vocabulary(
+                tokens, sorted(self.eog_ids), control, lambda text: self.tokenize(text, parse_special=False)
+            )
+        return self._constraint_vocab
 
     # ----------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:

@@ -31,6 +31,8 @@ from . import calibration as cal
 from . import chat_template
 from .backend import Model, default_threads
 from .config import ModelSpec, SamplingParams, SpecConfig, check_stop, check_tree_fits
+from .constraint import Constraint, Matcher
+from .structured import constraint_from_response_format
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
@@ -378,11 +380,24 @@ class Engine:
         drafter: str | None = None,
         spec: SpecConfig | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
+        constraint: Constraint | Mapping[str, Any] | None = None,
+        logprobs: int | None = None,
     ) -> Generation:
         """Queue a generation and return its handle at once (see Generation). Exactly one of prompt, messages or
         tokens. speculative=False decodes plainly; drafter picks another drafter kind for this request (one this
         engine can run) and spec other speculation settings (e.g. a lower draft_max). on_prefill(done, total) is
-        called from the engine's thread after each prefill chunk."""
+        called from the engine's thread after each prefill chunk.
+
+        constraint: what the output must look like (constraint.Constraint: a JSON schema, any JSON object, a regex, a
+        choice, a grammar), or an OpenAI `response_format` object ({"type": "json_object"} / {"type": "json_schema",
+        "json_schema": {"schema": ...}} / {"type": "text"}). Checked here (ConstraintError before anything is
+        queued). The target's distribution is then the masked one on every path, speculative or not; with
+        speculative=True the tokens the grammar forces are drafted for free. A generation whose constraint
+        dead-ends stops with finish reason "constraint".
+
+        logprobs: None, or how many most likely alternatives (0-20) to report with each token: every Chunk then
+        carries `logprobs` (speculate.TokenLogprob per token: the target's log-probability of the token under the
+        distribution it was sampled from, the same whether the token came from a draft)."""
         self._live()
         if sum(x is not None for x in (prompt, messages, tokens)) != 1:
             raise ConfigError("give exactly one of prompt, messages or tokens")
@@ -410,12 +425,35 @@ class Engine:
                 raise ConfigError(f"token id {max(ctx)} is outside the vocabulary (size {self.target.n_vocab})")
         else:
             ctx = self.prompt_tokens(prompt, messages=messages)
+        if logprobs is not None:
+            logprobs = _check_int("logprobs", logprobs, 0)
+            if logprobs > 20:
+                raise ConfigError(f"logprobs must be in [0, 20], got {logprobs}")
+        matcher = self.matcher(constraint) if constraint is not None else None
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        job = Job(lambda j: self._run(j, ctx, sampling, max_tokens, stops, kind, spec or self.spec, on_prefill, stats, ids, texts))
+        job = Job(
+            lambda j: self._run(
+                j, ctx, sampling, max_tokens, stops, kind, spec or self.spec, on_prefill, stats, ids, texts, matcher, speculative,
+                logprobs,
+            )
+        )
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
+
+    def matcher(self, constraint: Constraint | Mapping[str, Any]) -> Matcher | None:
+        """A fresh matcher for one generation (None for response_format {"type": "text"}); ConstraintError when the
+        constraint is invalid or allows nothing with this vocabulary."""
+        self._live()
+        if not isinstance(constraint, Constraint):
+            if not isinstance(constraint, Mapping):
+                raise ConfigError("constraint must be a Constraint or a response_format object")
+            found = constraint_from_response_format(constraint)
+            if found is None:
+                return None
+            constraint = found
+        return Matcher(constraint, self.target.constraint_vocab(), self.target.n_vocab)
 
     def _check_drafter(self, drafter: str | None) -> str:
         """The drafter kind for one request: the engine's, or another this engine can run."""
@@ -498,6 +536,9 @@ class Engine:
         stats: GenerationStats,
         ids: list[int],
         texts: list[str],
+        matcher: Matcher | None = None,
+        forced_drafts: bool = True,
+        logprobs: int | None = None,
     ) -> None:
         stats.timings.queue = job.started_at - job.enqueued
         # A seed fixes the uniform of every position: the output is then plain decoding's, token for token, whatever
@@ -511,6 +552,7 @@ class Engine:
         steps: Generator[Step, None, None] = speculate(
             self.target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=on_prefill,
+            constraint=matcher, forced_drafts=forced_drafts, logprobs=logprobs,
         )
         decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in (self.target, self.draft) if m is not None}
         try:
@@ -519,8 +561,8 @@ class Engine:
                     break
             else:
                 tail = detok.flush()
-                if tail:
-                    self._push(job, texts, Chunk(tail, [], False))
+                if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
+                    self._push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None))
         finally:
             steps.close()
             if detok.stopped:
@@ -536,7 +578,9 @@ class Engine:
         token through the detokenizer, so a stop string ends the generation at the token that completes it, as
         plain decoding would. True when it stopped."""
         n = step.n_accepted
-        for toks, from_draft in ((step.tokens[:n], True), (step.tokens[n:], False)):
+        lps = step.logprobs
+        carry = job.logprob_carry
+        for toks, from_draft, first in ((step.tokens[:n], True, 0), (step.tokens[n:], False, n)):
             text, used = "", []
             for tok in toks:
                 text += detok.push([tok])
@@ -545,8 +589,13 @@ class Engine:
                     ids.append(tok)
                 if detok.stopped:
                     break
+            if lps is not None:
+                carry.extend(lps[first : first + len(used)])
             if text:
-                self._push(job, texts, Chunk(text, used, from_draft))
+                chunk_lps = None
+                if lps is not None:
+                    chunk_lps, carry[:] = list(carry), []
+                self._push(job, texts, Chunk(text, used, from_draft, chunk_lps))
             if detok.stopped:
                 return True
         return False

@@ -31,6 +31,7 @@ class Chunk:
     text: str
     tokens: list[int]
     from_draft: bool
+    logprobs: list[Any] | None = None  # speculate.TokenLogprob per token, when the generation asked for them
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Job:
         self._error_tb: Any = None  # the traceback as captured (re-raising the same object would keep extending it)
         self.worker_thread: threading.Thread | None = None  # the thread that will run it (set when submitted)
         self.value: Any = None
+        self.logprob_carry: list[Any] = []  # logprobs of tokens whose text has not come out yet (engine._emit)
         self.enqueued = time.perf_counter()
         self.started_at = 0.0
         self.lock = threading.Condition()

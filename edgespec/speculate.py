@@ -18,6 +18,16 @@ Limits: a cycle never emits more tokens than max_tokens or the context allow (pr
 speculative and the plain path stop at the same length. A drafted id the target's vocabulary lacks (draft and
 target vocabularies may differ by up to 128 ids) has p = 0: it is rejected with certainty, so it is never decoded;
 the target's token at that position comes from the exact residual max(0, p - q).
+
+Constraints (constraint.py): with a `TokenConstraint`, every row's logits are masked for that row's own prefix before
+`warp` (row i of a chain: history + drafts[:i]; a tree node's row: history + its path), on the plain path and in
+verification alike, so the exact rules hold on the masked distribution. A draft the constraint forbids is a certain
+rejection and is never decoded (like an id past the vocabulary). The matcher is rolled back to the cycle's start
+after the masks are computed and then advanced along the tokens the cycle adds. With `forced_drafts`, the tokens the
+grammar forces next open every cycle's draft as deterministic drafts (q = None); where the mask allows that token
+alone its p is 1 and it is accepted without fail, so forced scaffolding (braces, keys, quotes) costs one batched
+decode instead of one decode per token. The speculator drafts after them (it is asked for the context + forced
+tokens). A constraint that dead-ends stops the generation with stop_reason "constraint".
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import numpy as np
 from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled
 from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from .config import SamplingParams
+from .constraint import TokenConstraint, apply_mask
 from .errors import ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
 from .sampling import PositionalUniforms, warp
@@ -64,6 +75,47 @@ class LanguageModel(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one generated token, and its `top` most likely tokens at that position
+    (id, log-probability), most likely first. The distribution is the one the token was sampled from: the
+    (constraint-masked) logits through `warp` with the generation's settings; at temperature 0, where that
+    distribution is one-hot, the penalised and masked logits at temperature 1 instead (the model's own view). A token
+    from an accepted draft gets exactly what the target's own sample there would have got."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(
+    rows: Sequence[np.ndarray], tokens: Sequence[int], history: Sequence[int], sampling: SamplingParams, n_top: int
+) -> list[TokenLogprob]:
+    """TokenLogprob for tokens[j] from its (already masked) logits row rows[j]; the penalty history of row j is
+    history + tokens[:j]."""
+    from .sampling import apply_penalties
+
+    out = []
+    ctx = list(history)
+    for row, tok in zip(rows, tokens):
+        if sampling.greedy:
+            x = np.asarray(apply_penalties(row, sampling, ctx), dtype=np.float64)
+            m = float(np.max(x))
+            lp = x - (m + float(np.log(np.exp(x - m).sum())))
+        else:
+            with np.errstate(divide="ignore"):
+                lp = np.log(warp(row, sampling, ctx))
+        top: tuple[tuple[int, float], ...] = ()
+        if n_top > 0:
+            n = min(n_top, lp.size)
+            idx = np.argpartition(-lp, n - 1)[:n]
+            idx = idx[np.lexsort((idx, -lp[idx]))]
+            top = tuple((int(i), float(lp[i])) for i in idx if np.isfinite(lp[i]))
+        out.append(TokenLogprob(int(tok), float(lp[tok]) if tok < lp.size else float("-inf"), top))
+        ctx.append(int(tok))
+    return out
+
+
 @dataclass
 class Step:
     """One cycle's outcome: the tokens it adds (accepted drafts, then the target's own token)."""
@@ -75,6 +127,7 @@ class Step:
     draft_seconds: float
     target_seconds: float
     eog: bool = False
+    logprobs: list[TokenLogprob] | None = None  # one per token, when asked for (speculate's `logprobs`)
 
     @property
     def from_draft(self) -> list[bool]:
@@ -89,19 +142,25 @@ def verify(
     sampling: SamplingParams,
     rng: np.random.Generator | PositionalUniforms,
     stats: GenerationStats | None = None,
+    masks: Sequence[np.ndarray | None] | None = None,
 ) -> Verdict:
     """Target rows -> verdict. Row i predicts the token after history + draft[:i]; the same `warp` (with the same
     penalty history) defines p as on the plain path. With a Generator the exact rule min(1, p/q) applies
     (accept_sampled); with PositionalUniforms (a seeded generation) common random numbers (accept_coupled).
 
     `logits` has len(draft) + 1 rows, or len(draft) rows when the last drafted id lies outside the target's
-    vocabulary (it was not decoded): that position is a certain rejection, answered from its residual.
+    vocabulary or the constraint (it was not decoded): that position is a certain rejection, answered from its
+    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping.
     """
     k = len(draft)
     n_rows = logits.shape[0]
     if n_rows not in (k, k + 1):
         raise ValueError(f"need {k} or {k + 1} logits rows for {k} drafted tokens, got {n_rows}")
     ctx = list(history)
+    if masks is not None:
+        if len(masks) < n_rows:
+            raise ValueError(f"need a mask per row: {len(masks)} masks for {n_rows} rows")
+        logits = np.stack([apply_mask(logits[i], masks[i]) for i in range(n_rows)])
     if sampling.greedy:
         argmax = []
         for i in range(n_rows):
@@ -171,18 +230,26 @@ def speculate(
     on_prefill: Callable[[int, int], None] | None = None,
     after_cycle: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    constraint: TokenConstraint | None = None,
+    forced_drafts: bool = True,
+    logprobs: int | None = None,
 ) -> Generator[Step, None, None]:
     """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle.
 
     Stops at an end-of-generation token (included in the last step), at max_tokens, when the context is full, or
-    when `should_stop()` turns true (checked before every cycle and between prefill chunks); stats.stop_reason says
-    which ("eos", "length", "context", "cancelled"). `on_prefill(done, total)` reports prefill progress;
+    when `should_stop()` turns true (checked before every cycle and between prefill chunks), or where the constraint
+    dead-ends; stats.stop_reason says which ("eos", "length", "context", "cancelled", "constraint"). `constraint`
+    must start at the beginning of the output (nothing advanced); `forced_drafts` drafts the tokens it forces
+    (module docstring). `logprobs` (None = off, else how many top alternatives): every Step carries TokenLogprobs.
+    `on_prefill(done, total)` reports prefill progress;
     `after_cycle()` runs between cycles (a hook for tools; the engine measures nothing there). `clock()` gives
     the seconds the stats and the policies see (a replay passes a virtual clock). The caller may stop iterating at
     any time; the target's cache stays consistent.
     """
     if not tokens:
         raise ConfigError("speculate needs at least one context token")
+    if speculator is not None:
+        bind_constraint(speculator, constraint)
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
     stats = stats if stats is not None else GenerationStats()
@@ -218,17 +285,38 @@ def speculate(
             if should_stop is not None and should_stop():
                 stats.stop_reason = "cancelled"
                 return
+            if constraint is not None and constraint.error:
+                stats.stop_reason = "constraint"
+                return
             t0 = clock()
             budget = room - 1  # drafted tokens: each accepted one plus the target's own must fit
-            proposal = speculator.propose(ctx, budget, rng) if speculator is not None and budget > 0 else Proposal()
+            forced = constraint.forced()[:budget] if constraint is not None and forced_drafts and budget > 0 else []
+            if constraint is not None and constraint.error:  # computing the forced tokens can find the dead end
+                stats.stop_reason = "constraint"
+                return
+            proposal = Proposal()
+            if speculator is not None and budget - len(forced) > 0:
+                # the matcher follows the forced tokens while the speculator drafts after them (a draft model masks its q)
+                n_in = _advance_all(constraint, forced) if constraint is not None else 0
+                forced = forced[:n_in]
+                try:
+                    proposal = speculator.propose(ctx + forced, budget - len(forced), rng)
+                finally:
+                    if constraint is not None:
+                        constraint.rollback(n_in)
+            n_own = len(proposal)
+            if forced:
+                proposal = _after_forced(forced, proposal)
             t1 = clock()
             if proposal.tree is not None and len(proposal.tree):
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
                     pending = None
-                new, n_drafted, n = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng)
+                new, n_drafted, n, rows = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None)
             else:
-                new, n_drafted, n = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending)
+                new, n_drafted, n, rows = _chain_cycle(
+                    target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None
+                )
                 pending = None
             t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens: its time must not teach the costs
@@ -236,6 +324,16 @@ def speculate(
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
             if eog_at is not None:
                 new = new[: eog_at + 1]
+            lps = token_logprobs(rows, new, ctx, sampling, logprobs) if logprobs is not None and rows is not None else None
+            dead_end = False
+            if constraint is not None:
+                for i, t in enumerate(new):
+                    if not constraint.advance(t):
+                        if not constraint.error:  # pragma: no cover - every emitted token came from a masked row
+                            raise RuntimeError(f"the constraint refused token {t} that its own mask allowed")
+                        new, dead_end = new[:i], True  # the grammar gave up here (a limit): stop before this token
+                        lps = lps[:i] if lps is not None else None
+                        break
             ctx.extend(new)
             n_gen += len(new)
             source = proposal.source if n_drafted else "plain"
@@ -246,8 +344,16 @@ def speculate(
             if speculator is not None:
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
                 # drafting really costs that, and the policy must see it or it resumes too eagerly.
-                speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new)))
-            yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None)
+                if forced:  # the speculator sees its own drafts only; the batch size was not its choice: no timing
+                    nf = len(forced)
+                    own_kept = min(max(0, n_kept - nf), n_own)
+                    speculator.observe(Outcome(min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new)))
+                else:
+                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new)))
+            yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None and not dead_end, lps)
+            if dead_end:
+                stats.stop_reason = "constraint"
+                return
             if eog_at is not None:
                 stats.stop_reason = "eos"
                 return
@@ -255,6 +361,52 @@ def speculate(
                 after_cycle()
     finally:
         stats.finish(clock() - start)
+
+
+def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:
+    """Advance along tokens while the constraint allows them; how many it took."""
+    n = 0
+    for t in tokens:
+        if not constraint.advance(t):
+            break
+        n += 1
+    return n
+
+
+def bind_constraint(speculator: Any, constraint: TokenConstraint | None) -> None:
+    """Let the draft models inside a speculator mask their proposals with the generation's constraint."""
+    for part in (speculator, getattr(speculator, "model", None)):
+        if part is not None and hasattr(part, "constraint"):
+            part.constraint = constraint
+
+
+def _after_forced(forced: list[int], proposal: Proposal) -> Proposal:
+    """The forced tokens as a deterministic chain, with the speculator's chain or tree (drafted after them) below."""
+    if proposal.tree is not None and len(proposal.tree):
+        tree = TokenTree.chain(forced)
+        index = {ROOT: len(forced) - 1}
+        own = proposal.tree
+        for i in range(len(own)):
+            index[i] = tree.add(index[own.parents[i]], own.token(i), own.q(i))
+        return Proposal(source=proposal.source, tree=tree)
+    source = proposal.source if proposal.tokens else "grammar"
+    q: list[np.ndarray | None] = [None] * len(forced)
+    return Proposal(forced + list(proposal.tokens), q + list(proposal.q), source)
+
+
+def _chain_masks(constraint: TokenConstraint, draft: Sequence[int]) -> tuple[list[np.ndarray], int]:
+    """The constraint's masks for the rows of a chain verify (row i: after draft[:i]) up to the first drafted token it
+    forbids, and how many drafts lead the chain allowed. The matcher ends where it started."""
+    masks = [constraint.mask()]
+    n = 0
+    for d in draft:
+        m = masks[-1]
+        if not (d < m.size and m[d]) or not constraint.advance(d):
+            break
+        n += 1
+        masks.append(constraint.mask())
+    constraint.rollback(n)
+    return masks, n
 
 
 def _chain_cycle(
@@ -266,27 +418,49 @@ def _chain_cycle(
     rng: np.random.Generator | PositionalUniforms,
     stats: GenerationStats | None,
     pending: np.ndarray | None,
-) -> tuple[list[int], int, int]:
-    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept)."""
+    constraint: TokenConstraint | None = None,
+    want_rows: bool = False,
+) -> tuple[list[int], int, int, list[np.ndarray] | None]:
+    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept, and with want_rows the
+    masked logits row of each added token)."""
     L = len(ctx)
     draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
+    masks: list[np.ndarray] | None = None
+    if constraint is not None:
+        masks, n_ok = _chain_masks(constraint, draft[:n_decode])
+        if n_ok < n_decode:
+            d, m = draft[n_ok], masks[n_ok]
+            if d < m.size and m[d]:  # allowed, but the matcher hit a limit taking it (a dead end): not drafted
+                draft, q, n_decode = draft[:n_ok], q[:n_ok], n_ok
+            else:  # forbidden: a certain rejection, never decoded, and nothing after it
+                draft, q, n_decode = draft[: n_ok + 1], q[: n_ok + 1], n_ok
     if pending is None:  # the cache holds all but the last token, which opens the verify batch
         logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
     else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
         rows = target.decode(draft[:n_decode], L, range(n_decode)) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
-    verdict = verify(draft, q, logits, ctx, sampling, rng, stats)
+    verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks)
     n = verdict.n_accepted
     target.truncate(L + n)
-    return draft[:n] + [verdict.token], len(draft), n
+    own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
+    return draft[:n] + [verdict.token], len(draft), n, own_rows
 
 
 class _TreeRows(Sequence[Any]):
     """The target's rows for a tree, warped on first use (accept_tree reads only the rows along its walk): index 0
     is the root row, i + 1 node i's; None for nodes that were not decoded."""
 
-    def __init__(self, tree: TokenTree, logits: np.ndarray, node_row: list[int], ctx: list[int], sampling: SamplingParams) -> None:
+    def __init__(
+        self,
+        tree: TokenTree,
+        logits: np.ndarray,
+        node_row: list[int],
+        ctx: list[int],
+        sampling: SamplingParams,
+        masks: dict[int, np.ndarray] | None = None,
+    ) -> None:
         self.tree, self.logits, self.node_row, self.ctx, self.sampling = tree, logits, node_row, ctx, sampling
+        self.masks = masks  # row index (0 = root, i + 1 = node i) -> the constraint's mask there
         self._rows: dict[int, np.ndarray | int | None] = {}
 
     def __len__(self) -> int:
@@ -301,6 +475,8 @@ class _TreeRows(Sequence[Any]):
                 # penalties read the history; without them, no copy of the context per row
                 history = self.ctx + ([] if i == 0 else self.tree.path_tokens(i - 1)) if self.sampling.uses_history else []
                 row = self.logits[r]
+                if self.masks is not None:
+                    row = apply_mask(row, self.masks[i])
                 self._rows[i] = greedy_token(row, self.sampling, history) if self.sampling.greedy else warp(row, self.sampling, history)
         return self._rows[i]
 
@@ -312,18 +488,23 @@ def _tree_cycle(
     ctx: list[int],
     sampling: SamplingParams,
     rng: np.random.Generator | PositionalUniforms,
-) -> tuple[list[int], int, int]:
-    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept).
-    Nodes deeper than `budget` are dropped first; ids the target lacks are certain rejections, never decoded."""
+    constraint: TokenConstraint | None = None,
+    want_rows: bool = False,
+) -> tuple[list[int], int, int, list[np.ndarray] | None]:
+    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept, and
+    with want_rows the masked logits row of each added token).
+    Nodes deeper than `budget` are dropped first; ids the target lacks, or the constraint forbids, are certain
+    rejections, never decoded."""
     L = len(ctx)
     room = target.n_ctx - L  # cells for the tree's nodes after the context and the root
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
-        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None)
-    tb = tree.batch(ctx[-1], L - 1, target.n_vocab)
+        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)
+    masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
+    tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
     logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)
-    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling)
+    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling, masks)
     if sampling.greedy:
         verdict = accept_tree_greedy(tree, rows)
     elif isinstance(rng, PositionalUniforms):
@@ -332,7 +513,40 @@ def _tree_cycle(
         verdict = accept_tree(tree, rows, rng)
     path = tb.seq_ids[tb.node_row[verdict.path[-1]]][0] if verdict.path else 0
     target.keep_tree_path(path, verdict.tokens)
-    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted
+    own_rows: list[np.ndarray] | None = None
+    if want_rows:
+        keys = [0] + [node + 1 for node in verdict.path]
+        own_rows = [
+            apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
+        ]
+    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows
+
+
+def _tree_masks(constraint: TokenConstraint, tree: TokenTree) -> tuple[dict[int, np.ndarray], set[int]]:
+    """The constraint's mask for every row of a tree (key 0 = the root, i + 1 = node i: after the path to node i), and
+    the nodes it forbids (left out of the decode with their subtrees). Depth first (depth <= 64); the matcher ends
+    where it started."""
+    masks = {0: constraint.mask()}
+    skip: set[int] = set()
+
+    def visit(node: int) -> None:
+        m = masks[node + 1]
+        for child in tree.children(node):
+            t = tree.token(child)
+            if not (t < m.size and m[t]):
+                skip.add(child)
+                continue
+            if not constraint.advance(t):  # the matcher hit a limit (a dead end): the node is not drafted at all
+                m = masks[node + 1] = m.copy()
+                m[t] = False
+                skip.add(child)
+                continue
+            masks[child + 1] = constraint.mask()
+            visit(child)
+            constraint.rollback(1)
+
+    visit(ROOT)
+    return masks, skip
 
 
 def _prune(tree: TokenTree, max_depth: int, max_nodes: int) -> TokenTree:
@@ -346,4 +560,4 @@ def _prune(tree: TokenTree, max_depth: int, max_nodes: int) -> TokenTree:
     return out
 
 
-__all__ = ["LanguageModel", "Step", "speculate", "verify"]
+__all__ = ["LanguageModel", "Step", "TokenLogprob", "speculate", "token_logprobs", "verify"]

@@ -56,7 +56,7 @@ node shared by several paths carries all their ids, positions follow depth.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -268,11 +268,12 @@ class TokenTree:
                 mask[i + 1] |= mask[p + 1]
         return mask
 
-    def batch(self, last_token: int, root_pos: int, n_vocab: int | None = None) -> TreeBatch:
+    def batch(self, last_token: int, root_pos: int, n_vocab: int | None = None, skip: Collection[int] = ()) -> TreeBatch:
         """The verify decode: row 0 = last_token at root_pos with every sequence id, then the decodable nodes in
         index order, each at root_pos + depth with the ids of the paths through it. With n_vocab, nodes whose id
         is >= n_vocab, and their subtrees, are left out (node_row -1): their p is 0 at the parent, so they are
-        rejected whatever their subtree says, and llama.cpp cannot decode them."""
+        rejected whatever their subtree says, and llama.cpp cannot decode them. Nodes in `skip` (tokens a constraint
+        forbids there: p = 0 too) and their subtrees are left out the same way."""
         paths = self.paths()
         seqs = self.seq_ids()
         all_ids = list(range(len(paths)))
@@ -280,7 +281,7 @@ class TokenTree:
         node_row = [-1] * len(self._tokens)
         for i, t in enumerate(self._tokens):
             p = self._parents[i]
-            if (n_vocab is not None and t >= n_vocab) or (p != ROOT and node_row[p] < 0):
+            if (n_vocab is not None and t >= n_vocab) or (p != ROOT and node_row[p] < 0) or i in skip:
                 continue
             node_row[i] = len(tokens)
             tokens.append(t)

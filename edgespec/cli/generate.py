@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..constraint import Constraint
 from ..stats import summary_line
 from .common import load_engine, make_sampling, model_options, out, read_stdin_text, sampling_options
 
@@ -21,6 +22,13 @@ from .common import load_engine, make_sampling, model_options, out, read_stdin_t
 @click.option("--max-tokens", "-n", type=click.IntRange(1, 1 << 20), default=256, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print one JSON object {"text", "token_ids", "finish_reason", "stats"}.')
+@click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Constrain the output to JSON valid for this JSON Schema file.")
+@click.option("--json-object", is_flag=True, help="Constrain the output to one JSON object.")
+@click.option("--regex", default=None, metavar="REGEX", help="Constrain the output to match this regular expression.")
+@click.option("--choice", default=None, metavar="A,B,C", help="Constrain the output to one of these comma-separated strings.")
+@click.option("--grammar", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Constrain the output to this grammar (Lark as llguidance reads it, or llama.cpp GBNF).")
 def generate(prompt: str | None, **kw: Any) -> None:
     """Generate text for PROMPT (or '-' / nothing to read it from stdin).
 
@@ -33,6 +41,7 @@ def generate(prompt: str | None, **kw: Any) -> None:
         prompt = read_stdin_text()
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
+    constraint = _constraint(kw)  # before loading: a bad schema costs no model load
     sampling = make_sampling(kw)
     chat, system, max_tokens = kw.pop("chat"), kw.pop("system"), kw.pop("max_tokens")
     stop, as_json = kw.pop("stop"), kw.pop("as_json")
@@ -42,9 +51,9 @@ def generate(prompt: str | None, **kw: Any) -> None:
     with load_engine(kw) as eng:
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            gen = eng.stream(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop)
+            gen = eng.stream(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop, constraint=constraint)
         else:
-            gen = eng.stream(prompt, sampling=sampling, max_tokens=max_tokens, stop=stop)
+            gen = eng.stream(prompt, sampling=sampling, max_tokens=max_tokens, stop=stop, constraint=constraint)
         # Ctrl-C: cancel the generation (the engine stops within a cycle or a prefill chunk), then leave with 130
         interrupted = []
 
@@ -68,3 +77,30 @@ def generate(prompt: str | None, **kw: Any) -> None:
         out(summary_line(gen.stats), err=True)
         if interrupted:
             raise KeyboardInterrupt
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 22)
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.UsageError(f"cannot read the {what} file {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _constraint(kw: dict[str, Any]) -> Constraint | None:
+    """The one constraint the options ask for (popped from kw), checked."""
+    schema, obj, regex, choice, grammar = (kw.pop(k) for k in ("json_schema", "json_object", "regex", "choice", "grammar"))
+    given = [n for n, v in (("--json-schema", schema), ("--json-object", obj), ("--regex", regex), ("--choice", choice), ("--grammar", grammar)) if v]
+    if len(given) > 1:
+        raise click.UsageError(f"give at most one of {', '.join(given)}")
+    if schema:
+        return Constraint.json_schema(_read(schema, "JSON schema"))
+    if obj:
+        return Constraint.json_object()
+    if regex is not None:
+        return Constraint.regex(regex)
+    if choice is not None:
+        return Constraint.choice([c for c in choice.split(",") if c])
+    if grammar:
+        return Constraint.grammar(_read(grammar, "grammar"))
+    return None

@@ -42,6 +42,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..constraint import ConstraintError
 from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
 from . import routes_llamacpp as llamacpp
 from . import routes_ollama as ollama
@@ -302,9 +303,13 @@ def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]
             extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx},
         )
     max_tokens = req.max_tokens if req.max_tokens is not None else n_ctx - len(tokens)
-    gen = eng.stream(
-        tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative, **spec_kw
-    )
+    try:
+        gen = eng.stream(
+            tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative,
+            constraint=req.constraint, logprobs=req.logprobs, **spec_kw,
+        )
+    except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
+        raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
     return gen, len(tokens), max_tokens
 
 

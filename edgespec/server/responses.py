@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
+from ..structured import parse_tool_calls
 from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, TemplateError
 from . import sse
 from .schema import APIError, CompletionRequest
@@ -21,7 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .app import RequestRecord, ServerState
 
 log = logging.getLogger("edgespec.server")
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+# "constraint": the grammar dead-ended (the output is incomplete); not one of OpenAI's values, on purpose
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "constraint": "constraint"}
 IGNORED_HEADER = "X-Edgespec-Ignored-Params"
 _logged_ignored: set[str] = set()  # parameter names already logged as ignored (once per name per process)
 
@@ -93,6 +95,7 @@ class GenerationResponse:
         self.spans: list[list[int]] = []  # [start, end) character ranges of text from accepted drafts
         self._chars = 0
         self.headers = ignored_headers(req.ignored)
+        self.logprobs: list[Any] = []  # speculate.TokenLogprob of every token so far (when asked for)
 
     # -- the client leaving
     def _left(self) -> None:
@@ -147,6 +150,8 @@ class GenerationResponse:
         return None
 
     def _track(self, chunk: Any) -> None:
+        if chunk.logprobs:
+            self.logprobs.extend(chunk.logprobs)
         n = len(chunk.text)
         if self.req.show_draft and chunk.from_draft and n:
             if self.spans and self.spans[-1][1] == self._chars:
@@ -162,6 +167,40 @@ class GenerationResponse:
             out["edgespec"]["draft_spans"] = self.spans
         return out
 
+    # -- logprobs
+    def _token(self, t: int) -> tuple[str, list[int]]:
+        data = self.state.engine.target.token_bytes(t)
+        return data.decode("utf-8", "replace"), list(data)
+
+    def _logprobs(self, lps: list[Any] | None) -> dict[str, Any] | None:
+        """OpenAI's logprobs object for these tokens (chat: {"content": [...]}, completions: tokens/token_logprobs/
+        top_logprobs/text_offset), or None when the request did not ask."""
+        if self.req.logprobs is None or lps is None:
+            return None
+        if self.req.kind == "chat":
+            content = []
+            for lp in lps:
+                text, data = self._token(lp.token)
+                tops = []
+                for t, v in lp.top:
+                    tt, tb = self._token(t)
+                    tops.append({"token": tt, "logprob": _finite(v), "bytes": tb})
+                content.append({"token": text, "logprob": _finite(lp.logprob), "bytes": data, "top_logprobs": tops})
+            return {"content": content, "refusal": None}
+        tokens, values, tops_c, offsets = [], [], [], []
+        offset = self._lp_offset
+        for lp in lps:
+            text, _ = self._token(lp.token)
+            tokens.append(text)
+            values.append(_finite(lp.logprob))
+            tops_c.append({self._token(t)[0]: _finite(v) for t, v in lp.top})
+            offsets.append(offset)
+            offset += len(text)
+        self._lp_offset = offset
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops_c, "text_offset": offsets}
+
+    _lp_offset = 0
+
     # -- non-streaming
     async def _complete(self, send: Send) -> None:
         async for chunk in self.gen:
@@ -175,10 +214,16 @@ class GenerationResponse:
         stats = self.gen.stats
         text = self.gen.text
         if self.req.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.req.tool_choice != "none":
+                content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls" if reason == "stop" else reason
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": self._logprobs(self.logprobs), "finish_reason": reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": text, "logprobs": self._logprobs(self.logprobs), "finish_reason": reason}
             obj = "text_completion"
         body = {
             "id": self.id,
@@ -238,13 +283,28 @@ class GenerationResponse:
         if self.req.kind == "chat":
             await body(sse.event(self._chunk(self._delta_choice("", None, role=True))))
         head, tail = self._text_template()
+        # with tools, text that opens with "<" or "{" may be a tool call: held back until the end, then sent as tool_calls
+        # deltas (one with the call's id and name, one with its arguments); anything else streams as content
+        holding = self.req.kind == "chat" and self.req.tool_choice != "none"
+        held = ""
         async for chunk in self.gen:
             self._track(chunk)
             if self.client_left or not chunk.text:
                 continue
-            if self.req.show_draft:
+            if holding:
+                held += chunk.text
+                if not held.lstrip() or held.lstrip()[0] in "<{":
+                    continue
+                holding = False
+                chunk_text, held = held, ""
+                await body(head + sse.dumps(chunk_text) + tail)
+                continue
+            if self.req.show_draft or self.req.logprobs is not None:
                 choice = self._delta_choice(chunk.text, None)
-                choice["from_draft"] = chunk.from_draft
+                if self.req.show_draft:
+                    choice["from_draft"] = chunk.from_draft
+                if self.req.logprobs is not None:
+                    choice["logprobs"] = self._logprobs(chunk.logprobs or [])
                 await body(sse.event(self._chunk(choice)))
             else:
                 await body(head + sse.dumps(chunk.text) + tail)
@@ -254,6 +314,18 @@ class GenerationResponse:
         if api is not None:
             await body(sse.event(api.body()))
         else:
+            if held:
+                content, calls = parse_tool_calls(held, [t.name for t in self.req.tools])
+                if content is not None or not calls:
+                    await body(head + sse.dumps(held if not calls else content) + tail)
+                for i, call in enumerate(calls):
+                    fn = call["function"]
+                    first = {"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+                    for part in (first, {"index": i, "function": {"arguments": fn["arguments"]}}):
+                        delta = {"index": 0, "delta": {"tool_calls": [part]}, "logprobs": None, "finish_reason": None}
+                        await body(sse.event(self._chunk(delta)))
+                if calls and reason == "stop":
+                    reason = "tool_calls"
             stats = self.gen.stats
             extra = self._stats_fields()
             if not self.req.include_usage:
@@ -296,6 +368,11 @@ class GenerationResponse:
         finish = "error" if err is not None else FINISH.get(stats.stop_reason, "cancelled")
         m.record_generation(stats, finish)
         self.state.records.append(rec)  # a deque of at most settings.history
+
+
+def _finite(v: float) -> float:
+    """JSON has no -inf: a token of probability 0 (outside the kept set) is reported as -9999.0, as llama-server does."""
+    return v if v > -9999.0 else -9999.0
 
 
 async def _send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:

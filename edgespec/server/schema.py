@@ -2,8 +2,10 @@
 OpenAI clients read them (`{"error": {"message", "type", "param", "code"}}`).
 
 Every problem with a request is an `APIError` with an HTTP status and one line that names the parameter. Nothing
-a client sends is ignored when it would change the answer: features edgespec does not have (tools, n > 1,
-logprobs, JSON output, grammars...) are refused with a 400 that says so. Unknown keys are accepted, as llama-server
+a client sends is ignored when it would change the answer: features edgespec does not have (n > 1, logit_bias,
+mirostat...) are refused with a 400 that says so. `response_format` (JSON object / JSON schema), llama-server's
+`json_schema` and `grammar`, and `tools`/`tool_choice` become a constraint (edgespec/structured.py builds it, so every
+route shares it). Unknown keys are accepted, as llama-server
 and most OpenAI-compatible servers do, so that clients sending newer optional fields keep working, but never in
 silence: `CompletionRequest.ignored` lists them, the response carries them in an `X-Edgespec-Ignored-Params` header
 and the server logs each name once (docs/server.md).
@@ -14,12 +16,14 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..config import MAX_SEED, SamplingParams
+from ..constraint import Constraint
 from ..errors import ConfigError
 from ..infill import ExtraChunk
+from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_messages
 
 MAX_STOPS = 32
 MAX_TOKENS_LIMIT = 1 << 20
@@ -192,6 +196,10 @@ class CompletionRequest:
     draft_max: int | None
     show_draft: bool
     model: str | None
+    constraint: Constraint | None = None  # what the output must look like (response_format, grammar, tools)
+    tools: list[Tool] = field(default_factory=list)  # offered tools (chat), when tool_choice is not "none"
+    tool_choice: str = "none"  # "none", "auto", "required" or a function name
+    logprobs: int | None = None  # None = off; else how many top alternatives per token
     infill: "InfillInput | None" = None  # fill-in-the-middle: the prompt is built from the code around the cursor
     ignored: tuple[str, ...] = ()  # keys of the body this server does not read (reported, never silent)
 
@@ -210,7 +218,8 @@ class InfillInput:
 COMMON_KEYS = frozenset({
     "model", "stream", "stream_options", "max_completion_tokens", "max_tokens", "n_predict", "temperature", "top_p",
     "seed", "repeat_last_n", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "speculative",
-    "draft_max", "speculative.n_max", "stop", "show_draft", "logprobs",
+    "draft_max", "speculative.n_max", "stop", "show_draft", "logprobs", "top_logprobs",
+    "response_format", "json_schema", "grammar", "tools", "tool_choice", "parallel_tool_calls",
 })
 
 
@@ -222,8 +231,24 @@ def ignored_keys(body: Mapping[str, Any], known: frozenset[str] | set[str]) -> t
 
 def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
     _refuse_unsupported(body)
+    tools, choice, parallel = _tools(body)
     messages = _messages(_get(body, "messages"))
-    return replace(_common(body, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
+    constraint = _output_constraint(body)
+    if choice != "none":
+        if constraint is not None:
+            raise unsupported("response_format", "response_format together with tools is not supported; send one or the other")
+        constraint = _constraint_or_400("tools", lambda: tool_constraint(tools, choice, parallel=parallel))
+    try:
+        messages = tool_messages(messages, tools if choice != "none" else [])
+    except ConfigError as e:
+        raise bad("messages", str(e)) from None
+    req = replace(_common(body, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
+    lp: int | None = None
+    if _boolean(body, "logprobs", False):
+        lp = _integer(body, "top_logprobs", 0, 0, 20)
+    elif _get(body, "top_logprobs") not in (_MISSING, None, 0):
+        raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+    return replace(req, constraint=constraint, tools=tools if choice != "none" else [], tool_choice=choice, logprobs=lp)
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
@@ -232,8 +257,13 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
         _string(suffix, "suffix")
         body = {k: v for k, v in body.items() if k != "suffix"}
     _refuse_unsupported(body)
+    for key in ("tools", "tool_choice"):
+        if _get(body, key) not in (_MISSING, None, [], "none"):
+            raise unsupported(key, f"{key} is for /v1/chat/completions")
     prompt, tokens = _prompt(_get(body, "prompt"))
-    req = replace(_common(body, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}))
+    lp = _integer(body, "logprobs", None, 0, 5)  # the completions API: how many alternatives (null = off)
+    req = replace(_common(body, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}),
+                  constraint=_output_constraint(body), logprobs=lp)
     if suffix is _MISSING or suffix == "":
         return req
     if prompt is None:
@@ -241,7 +271,40 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
     return replace(req, prompt=None, infill=InfillInput(prefix=prompt, suffix=suffix))
 
 
-def _messages(v: Any) -> list[dict[str, str]]:
+def _constraint_or_400(param: str, make: Any) -> Any:
+    try:
+        return make()
+    except ConfigError as e:
+        raise bad(param, str(e), code="invalid_" + param.split(".")[0]) from None
+
+
+def _output_constraint(body: Mapping[str, Any]) -> Constraint | None:
+    """response_format, or llama-server's json_schema / grammar fields (at most one of them)."""
+    found: list[tuple[str, Any]] = []
+    rf = _get(body, "response_format")
+    if rf is not _MISSING and rf is not None:
+        found.append(("response_format", lambda: constraint_from_response_format(rf)))
+    js = _get(body, "json_schema")
+    if js not in (_MISSING, None, {}):
+        found.append(("json_schema", lambda: Constraint.json_schema(js)))
+    gr = _get(body, "grammar")
+    if gr not in (_MISSING, None, ""):
+        found.append(("grammar", lambda: Constraint.grammar(_string(gr, "grammar"))))
+    if len(found) > 1:
+        raise bad(found[1][0], f"give only one of {', '.join(k for k, _ in found)}")
+    return _constraint_or_400(found[0][0], found[0][1]) if found else None
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], str, bool]:
+    tools_v = _get(body, "tools")
+    tools = _constraint_or_400("tools", lambda: check_tools(None if tools_v is _MISSING else tools_v))
+    choice_v = _get(body, "tool_choice")
+    choice = _constraint_or_400("tool_choice", lambda: check_tool_choice(None if choice_v is _MISSING else choice_v, tools))
+    parallel = _boolean(body, "parallel_tool_calls", True)
+    return tools, choice, parallel
+
+
+def _messages(v: Any) -> list[dict[str, Any]]:
     if v is _MISSING:
         raise bad("messages", "messages is required: a list of {\"role\", \"content\"} objects", code="missing_required_parameter")
     if not isinstance(v, list):
@@ -254,10 +317,13 @@ def _messages(v: Any) -> list[dict[str, str]]:
         if not isinstance(m, dict):
             raise bad(where, f"{where} must be an object with role and content, got {_json_type(m)}")
         role = m.get("role")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise unsupported(where, f"{where}: tool and function calls are not supported by this server")
+        if role == "function" or m.get("function_call"):
+            raise unsupported(where, f"{where}: the legacy function-call messages are not supported; use tools")
+        if role == "tool":
+            out.append({"role": "tool", "content": _content(m.get("content"), f"{where}.content")})
+            continue
         if not isinstance(role, str) or role not in ROLES:
-            raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant; got {json.dumps(role)[:40]}")
+            raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant, tool; got {json.dumps(role)[:40]}")
         name = m.get("name")
         if name is not None and name != "":
             # the chat template layer sees role and content only: a name would be dropped without a word
@@ -266,7 +332,10 @@ def _messages(v: Any) -> list[dict[str, str]]:
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        out.append({"role": ROLES[role], "content": _content(content, f"{where}.content")})
+        msg: dict[str, Any] = {"role": ROLES[role], "content": _content(content, f"{where}.content")}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        out.append(msg)
     return out
 
 
@@ -315,14 +384,9 @@ def _is_int(v: Any, n: int) -> bool:
 _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("n", lambda v: _is_int(v, 1), "n must be 1 (several choices per request are not supported; send several requests)"),
     ("best_of", lambda v: _is_int(v, 1), "best_of > 1 is not supported"),
-    ("tools", lambda v: v == [], "tools (function calling) are not supported by this server"),
     ("functions", lambda v: v == [], "functions (function calling) are not supported by this server"),
-    ("tool_choice", lambda v: v in ("none", "auto"), "tool_choice is not supported by this server (no tools)"),
     ("function_call", lambda v: v in ("none", "auto"), "function_call is not supported by this server (no tools)"),
-    ("top_logprobs", lambda v: _is_int(v, 0), "top_logprobs is not supported"),
     ("logit_bias", lambda v: v == {}, "logit_bias is not supported"),
-    ("response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
-     "response_format other than {\"type\": \"text\"} (JSON mode, JSON schema) is not supported"),
     ("prediction", lambda v: False, "prediction (predicted outputs) is not supported"),
     ("audio", lambda v: False, "audio output is not supported"),
     ("modalities", lambda v: v == ["text"], "only the text modality is supported"),
@@ -331,8 +395,6 @@ _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("echo", lambda v: v is False, "echo is not supported"),
     ("suffix", lambda v: v == "", "suffix (insertion) is not supported"),
     # llama.cpp extras this engine does not have
-    ("grammar", lambda v: v == "", "grammar is not supported"),
-    ("json_schema", lambda v: v == {}, "json_schema is not supported"),
     ("n_probs", lambda v: _is_int(v, 0), "n_probs is not supported"),
     ("ignore_eos", lambda v: v is False, "ignore_eos is not supported"),
     ("mirostat", lambda v: _is_int(v, 0), "mirostat sampling is not supported"),
@@ -358,9 +420,6 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             ok = False
         if not ok:
             raise unsupported(key, message)
-    lp = _get(body, "logprobs")
-    if lp is not _MISSING and lp is not False:
-        raise unsupported("logprobs", "logprobs are not supported")
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

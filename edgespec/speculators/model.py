@@ -10,6 +10,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from ..config import SamplingParams
+from ..constraint import TokenConstraint, apply_mask
 from ..policy import Controller
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
@@ -52,6 +53,11 @@ class ModelSpeculator:
 
     A context token the draft's vocabulary lacks (vocabularies may differ by up to 128 ids) can never be fed to
     the draft: from then on this speculator drafts nothing.
+
+    `constraint` (set by the loop for a constrained generation, advanced to the end of the context it proposes for):
+    each drafted position's logits are masked as the target's will be, so the draft never proposes a token the
+    grammar forbids there; q is the masked distribution it really sampled from (exactness needs nothing more). The
+    matcher is left where it was.
     """
 
     name = "model"
@@ -63,6 +69,7 @@ class ModelSpeculator:
         self.controller = controller
         self.params = sampling if draft_temperature is None else replace(sampling, temperature=draft_temperature)
         self._checked = 0  # context tokens already checked against the draft's vocabulary
+        self.constraint: TokenConstraint | None = None
         self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
 
     # -- the contract -------------------------------------------------------------------------------------------
@@ -93,24 +100,42 @@ class ModelSpeculator:
         prop = Proposal(source=self.name)
         logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
         history = list(context)
-        greedy = self.params.greedy
-        for i in range(1, k + 1):
-            if greedy:
-                d = greedy_token(logits, self.params, history)
-                q_row = None
-                conf = top_probability(logits)
-            else:
-                q_row = warp(logits, self.params, history)
-                # seeded: the uniform of this position, shared with the target's own sample there
-                d = sample_at(q_row, rng.at(len(history))) if isinstance(rng, PositionalUniforms) else sample(q_row, rng)
-                conf = float(q_row[d])
-            prop.tokens.append(d)
-            prop.q.append(q_row)
-            history.append(d)
-            if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf):
-                break
-            logits = self.model.decode([d], self.model.n_past, (0,))[0]
+        c = self.constraint
+        advanced = 0
+        try:
+            for i in range(1, k + 1):
+                if c is not None:
+                    mask = c.mask()
+                    if not mask.any():
+                        break
+                    logits = apply_mask(logits, mask)
+                d, q_row, conf = self._pick(logits, history, rng)
+                prop.tokens.append(d)
+                prop.q.append(q_row)
+                history.append(d)
+                if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf):
+                    break
+                if c is not None:
+                    if not c.advance(d):  # pragma: no cover - d came from the masked row
+                        break
+                    advanced += 1
+                logits = self.model.decode([d], self.model.n_past, (0,))[0]
+        finally:
+            if c is not None:
+                c.rollback(advanced)
         return prop
+
+    def _pick(
+        self, logits: np.ndarray, history: list[int], rng: np.random.Generator | PositionalUniforms
+    ) -> tuple[int, np.ndarray | None, float]:
+        """One drafted token, the q it was drawn from (None = greedy), and the draft's confidence in it."""
+        if self.params.greedy:
+            d = greedy_token(logits, self.params, history)
+            return d, None, top_probability(logits)
+        q_row = warp(logits, self.params, history)
+        # seeded: the uniform of this position, shared with the target's own sample there
+        d = sample_at(q_row, rng.at(len(history))) if isinstance(rng, PositionalUniforms) else sample(q_row, rng)
+        return d, q_row, float(q_row[d])
 
 
 __all__ = ["DraftModel", "ModelSpeculator", "top_probability"]

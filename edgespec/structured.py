@@ -1,0 +1,252 @@
+"""Request fields -> constraints, and tool calls in and out. Pure (no llama.cpp, no HTTP): every route (OpenAI chat
+and completions, Responses, llama.cpp's and Ollama's) translates its own field names into these calls.
+
+    constraint_from_response_format({"type": "json_schema", "json_schema": {"schema": {...}}})  -> Constraint | None
+    tools = check_tools(body["tools"]); choice = check_tool_choice(body.get("tool_choice"), tools)
+    tool_constraint(tools, choice, parallel=True)                                             -> Constraint | None
+    tool_messages(messages, tools, template)   # OpenAI tool messages -> what the chat template renders
+    parse_tool_calls(text)                     # the model's "<tool_call>{...}</tool_call>" -> OpenAI tool_calls
+
+Tool calls follow the Hermes/Qwen2.5 convention: the model writes
+`<tool_call>\\n{"name": "...", "arguments": {...}}\\n</tool_call>` (one block per call). When the template renders
+tools itself (Qwen2.5's has a `tools` section) the tools go to the template; otherwise they are described in a system
+message in the same convention and tool results become user messages in `<tool_response>` blocks (what Qwen2.5's
+template does with them). A call, once made, is constrained to the named tool's argument schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .constraint import Constraint, ConstraintError
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def constraint_from_response_format(obj: Any) -> Constraint | None:
+    """An OpenAI `response_format` object as a constraint (None for {"type": "text"}):
+    {"type": "json_object"} (llama-server's extra "schema" key is honoured), {"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}} (the schema is always enforced; strict changes nothing). ConstraintError otherwise."""
+    if not isinstance(obj, Mapping):
+        raise ConstraintError("response_format must be an object like {\"type\": \"json_object\"}")
+    kind = obj.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = obj.get("schema")
+        return Constraint.json_schema(schema) if schema is not None else Constraint.json_object()
+    if kind == "json_schema":
+        js = obj.get("json_schema")
+        if not isinstance(js, Mapping):
+            raise ConstraintError("response_format.json_schema must be an object with a schema")
+        schema = js.get("schema")
+        if schema is None:
+            return Constraint.json_object()
+        if "strict" in js and not isinstance(js["strict"], bool):
+            raise ConstraintError("response_format.json_schema.strict must be true or false")
+        return Constraint.json_schema(schema)
+    raise ConstraintError(f"response_format.type must be text, json_object or json_schema, got {json.dumps(kind)[:40]}")
+
+
+# --------------------------------------------------------------------------------------------- tools
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+def check_tools(tools: Any) -> list[Tool]:
+    """OpenAI `tools` ([{"type": "function", "function": {"name", "description", "parameters"}}]) checked."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ConstraintError("tools must be an array of {\"type\": \"function\", \"function\": {...}} objects")
+    out: list[Tool] = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(t, Mapping) or t.get("type", "function") != "function" or not isinstance(fn, Mapping):
+            raise ConstraintError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", \"parameters\"}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
+            raise ConstraintError(f"tools[{i}].function.name must be 1-64 letters, digits, _ . or -")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, Mapping):
+            raise ConstraintError(f"tools[{i}].function.parameters must be a JSON schema object")
+        desc = fn.get("description", "")
+        if not isinstance(desc, str):
+            raise ConstraintError(f"tools[{i}].function.description must be a string")
+        if any(o.name == name for o in out):
+            raise ConstraintError(f"tools: the name {name!r} is used twice")
+        out.append(Tool(name, desc, dict(params)))
+    return out
+
+
+def check_tool_choice(choice: Any, tools: Sequence[Tool]) -> str:
+    """"none", "auto", "required", or the name of the one function to call (OpenAI's
+    {"type": "function", "function": {"name": ...}})."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if choice in ("none", "auto", "required"):
+        if choice != "none" and not tools:
+            raise ConstraintError(f"tool_choice {choice!r} needs tools")
+        return str(choice)
+    if isinstance(choice, Mapping):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if choice.get("type") == "function" and isinstance(name, str):
+            if not any(t.name == name for t in tools):
+                raise ConstraintError(f"tool_choice names {name!r}, which is not among the tools")
+            return name
+    raise ConstraintError("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+
+
+def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    # the layout Qwen2.5 and Hermes models write: {"name": "f", "arguments": {...}}
+    schema["x-guidance"] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return schema
+
+
+def tool_constraint(tools: Sequence[Tool], choice: str, *, parallel: bool = True) -> Constraint | None:
+    """The grammar of an answer under tool_choice: None for "none" (free text); for "required" or a named function
+    one (or, with parallel, several) `<tool_call>` blocks whose JSON is {"name", "arguments"} with the arguments
+    valid for that tool's schema; for "auto" the same, or such a JSON object alone (small models often drop the
+    tags: it is a call too), or a text answer (one that starts with neither "<" nor "{")."""
+    if choice == "none" or not tools:
+        return None
+    chosen = [t for t in tools if t.name == choice] if choice not in ("auto", "required") else list(tools)
+    schema = json.dumps(_call_schema(chosen))
+    call = f'call: "{TOOL_OPEN}\\n" %json {schema} "\\n{TOOL_CLOSE}"'
+    calls = 'calls: call ("\\n" call)*' if parallel else "calls: call"
+    if choice == "auto":
+        lark = f"start: calls | bare | TEXT\nTEXT: /[^<{{](.|\\n)*/\nbare: %json {schema}\n{calls}\n{call}\n"
+    else:
+        lark = f"start: calls\n{calls}\n{call}\n"
+    return Constraint.grammar(lark)
+
+
+def tools_system_text(tools: Sequence[Tool]) -> str:
+    """The tools section for templates without one (Qwen2.5's wording, Hermes format)."""
+    lines = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        f"{lines}\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def _call_text(call: Mapping[str, Any]) -> str:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise ConstraintError("an assistant tool_calls entry must have function.name and function.arguments")
+    args = fn.get("arguments", "{}")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise ConstraintError(f"tool call {fn['name']!r}: arguments is not valid JSON") from None
+    return f"{TOOL_OPEN}\n{json.dumps({'name': fn['name'], 'arguments': args}, ensure_ascii=False)}\n{TOOL_CLOSE}"
+
+
+def tool_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]) -> list[dict[str, str]]:
+    """OpenAI messages with tool calls and tool results as plain {"role", "content"} messages in the Hermes/Qwen2.5
+    convention (what Qwen2.5's template renders for them): assistant tool_calls become `<tool_call>` blocks, tool
+    results user messages with `<tool_response>` blocks (consecutive ones merged), and the tools' descriptions a
+    system message (added to the first system message, or a new one)."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        role, content = m.get("role"), m.get("content")
+        text = content if isinstance(content, str) else "" if content is None else str(content)
+        if role == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list):
+                raise ConstraintError("an assistant message's tool_calls must be an array")
+            parts = ([text] if text else []) + [_call_text(c) for c in calls]
+            out.append({"role": "assistant", "content": "\n".join(parts)})
+        elif role == "tool":
+            block = f"<tool_response>\n{text}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+        else:
+            out.append({"role": str(role), "content": text})
+    if tools:
+        section = tools_system_text(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + section}
+        else:
+            out.insert(0, {"role": "system", "content": section})
+    return out
+
+
+def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
+    """The model's answer as (content, tool_calls): every well-formed `<tool_call>` block with a JSON {"name",
+    "arguments"} object becomes an OpenAI tool call (arguments as a JSON string, an id "call_..."); the text around
+    them is the content (None when empty). Without blocks, an answer that is only such a JSON object naming one of
+    `names` is a call too."""
+    bare = text.strip()
+    if names is not None and bare.startswith("{") and TOOL_OPEN not in text:
+        try:
+            obj = json.loads(bare)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and obj.get("name") in names and isinstance(obj.get("arguments", {}), (dict, str)):
+            return None, [_openai_call(obj)]
+    calls: list[dict[str, Any]] = []
+    rest: list[str] = []
+    pos = 0
+    for m in _CALL_RE.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            continue
+        rest.append(text[pos : m.start()])
+        pos = m.end()
+        calls.append(_openai_call(obj))
+    rest.append(text[pos:])
+    content = "".join(rest).strip()
+    return (content or None), calls
+
+
+def _openai_call(obj: Mapping[str, Any]) -> dict[str, Any]:
+    args = obj.get("arguments", {})
+    return {
+        "id": "call_" + secrets.token_hex(12),
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
+    }
+
+
+__all__ = [
+    "Tool",
+    "check_tool_choice",
+    "check_tools",
+    "constraint_from_response_format",
+    "parse_tool_calls",
+    "tool_constraint",
+    "tool_messages",
+    "tools_system_text",
+]

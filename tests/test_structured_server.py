@@ -1,0 +1,202 @@
+"""Structured output and tool calls through `edgespec serve`, with the official `openai` client: parse() with a
+Pydantic model, response_format json_object / json_schema, a tool call round trip (call -> tool message -> answer),
+streamed tool-call deltas, and bad constraints as 400s. Tiny models whose likely tokens are JSON's characters (so
+free JSON ends by itself); one test on the real pair (marked real)."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import pydantic
+import pytest
+
+from edgespec.config import ModelSpec, SpecConfig
+from edgespec.engine import Engine
+from edgespec.server import create_app
+from edgespec.tiny import token_id, write_tiny_model
+
+from test_server import ServerThread  # the uvicorn-in-a-thread harness
+
+EOS = 262
+JSON_HOT = tuple(token_id(c) for c in '{}[]":,ab1 ') + (EOS,)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["paris", "rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+class Item(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=6)
+    count: int = pydantic.Field(ge=0, le=99)
+    kind: Literal["tool", "toy"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    d = tmp_path_factory.mktemp("json-srv")
+    t = write_tiny_model(d / "t.gguf", seed=21, hot_tokens=JSON_HOT, name="json-t")
+    dr = write_tiny_model(d / "d.gguf", seed=22, hot_tokens=JSON_HOT, layer_scale=0.4, name="json-d")
+    eng = Engine.load(
+        ModelSpec(str(t), n_ctx=2048, n_threads=1), ModelSpec(str(dr), n_ctx=2048, n_threads=1),
+        spec=SpecConfig(draft_max=4, adaptive=False), calibrate_costs=False,
+    )
+    s = ServerThread(create_app(eng))
+    yield s
+    s.stop()
+    eng.close()
+
+
+def ask(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+def test_parse_with_a_pydantic_model(srv):
+    client = srv.client()
+    for seed in range(5):
+        r = client.chat.completions.parse(model="m", messages=ask("an item"), response_format=Item, temperature=1.0, seed=seed, max_tokens=300)
+        item = r.choices[0].message.parsed
+        assert isinstance(item, Item), r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop"
+
+
+def test_json_object_and_json_schema(srv):
+    client = srv.client()
+    for seed in range(5):
+        r = client.chat.completions.create(
+            model="m", messages=ask("json please"), response_format={"type": "json_object"}, temperature=0.8, seed=seed, max_tokens=400
+        )
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "s", "strict": True, "schema": schema}}
+    for stream in (False, True):
+        if stream:
+            parts = client.chat.completions.create(model="m", messages=ask("x"), response_format=rf, temperature=1.0, seed=3, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+        else:
+            text = client.chat.completions.create(model="m", messages=ask("x"), response_format=rf, temperature=1.0, seed=3).choices[0].message.content
+        obj = json.loads(text)
+        assert set(obj) == {"ok", "n"} and isinstance(obj["ok"], bool) and 0 <= obj["n"] <= 9
+    # the completions route takes response_format too
+    r = srv.post("/v1/completions", {"prompt": "x", "response_format": rf, "temperature": 0})
+    assert r.status_code == 200 and set(json.loads(r.json()["choices"][0]["text"])) == {"ok", "n"}
+
+
+def test_tool_call_round_trip(srv):
+    client = srv.client()
+    messages = ask("What is the weather in Paris this week?")
+    r = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER], tool_choice="required", temperature=0.7, seed=1)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    (call,) = choice.message.tool_calls[:1]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert args["city"] in ("paris", "rome") and 1 <= args["days"] <= 7
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in choice.message.tool_calls]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "sunny"})},
+    ]
+    answer = client.chat.completions.create(model="m", messages=messages, tools=[WEATHER], tool_choice="none", temperature=0, max_tokens=20)
+    assert answer.choices[0].message.tool_calls is None and isinstance(answer.choices[0].message.content, str)
+    # a named function
+    named = client.chat.completions.create(
+        model="m", messages=ask("w"), tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0
+    )
+    assert named.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_streamed_tool_call_deltas(srv):
+    client = srv.client()
+    stream = client.chat.completions.create(
+        model="m", messages=ask("weather?"), tools=[WEATHER], tool_choice="required", temperature=0.5, seed=4, stream=True
+    )
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        c = chunk.choices[0]
+        for tc in c.delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] += tc.id or ""
+            if tc.function is not None:
+                slot["name"] += tc.function.name or ""
+                slot["arguments"] += tc.function.arguments or ""
+        finish = c.finish_reason or finish
+    assert finish == "tool_calls" and calls
+    for slot in calls.values():
+        assert slot["name"] == "get_weather" and slot["id"].startswith("call_")
+        assert json.loads(slot["arguments"])["city"] in ("paris", "rome")
+
+
+def test_logprobs_on_chat_and_completions(srv):
+    client = srv.client()
+    r = client.chat.completions.create(model="m", messages=ask("x"), temperature=0.7, seed=2, max_tokens=12, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    assert all(c.logprob <= 0 and 1 <= len(c.top_logprobs) <= 2 for c in content)
+    chunks = list(client.chat.completions.create(model="m", messages=ask("x"), temperature=0.7, seed=2, max_tokens=12, logprobs=True,
+                                                 top_logprobs=2, stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [(c.token, round(c.logprob, 4)) for c in streamed] == [(c.token, round(c.logprob, 4)) for c in content]
+    c = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 8, "temperature": 0, "logprobs": 2}).json()["choices"][0]
+    assert "".join(c["logprobs"]["tokens"]) == c["text"] and len(c["logprobs"]["top_logprobs"]) == len(c["logprobs"]["tokens"])
+    bad = srv.post("/v1/chat/completions", {"messages": ask("x"), "top_logprobs": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"grammar": "root ::= ("}, "grammar"),
+        ({"json_schema": {"type": "nonsense"}}, "json_schema"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_bad_constraints_are_400(srv, body, param):
+    r = srv.post("/v1/chat/completions", {"messages": ask("x"), **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.real
+def test_real_pair_parse_and_tool_call(real_pair):
+    target, draft = real_pair
+    eng = Engine.load(ModelSpec(str(target), n_ctx=4096), ModelSpec(str(draft), n_ctx=4096), calibrate_costs=False)
+    s = ServerThread(create_app(eng))
+    try:
+        client = s.client()
+
+        class City(pydantic.BaseModel):
+            name: str
+            country: str
+            population_millions: float
+
+        r = client.chat.completions.parse(
+            model="m", messages=ask("Give the largest city of Japan as JSON."), response_format=City, temperature=0, max_tokens=100
+        )
+        city = r.choices[0].message.parsed
+        assert isinstance(city, City) and "tokyo" in city.name.lower()
+        t = client.chat.completions.create(
+            model="m", messages=ask("What's the weather in Rome for the next 3 days?"), tools=[WEATHER], temperature=0, max_tokens=100
+        )
+        assert t.choices[0].finish_reason == "tool_calls"
+        call = t.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "rome", "days": 3}
+    finally:
+        s.stop()
+        eng.close()
