@@ -330,12 +330,12 @@ def test_responses_input_items_as_the_agents_sdk_sends_them(srv, reference):
 
 
 @pytest.mark.parametrize("kw,param", [
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}}, "text.format"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]}, "tools"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}}, "text.format"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"previous_response_id": "resp_nope"}, "previous_response_id"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+    ({"input": [{"type": "custom_tool_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+    ({"input": [{"type": "function_call_output", "call_id": 3, "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "input[0].content[0]"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),

@@ -200,3 +200,49 @@ def test_real_pair_parse_and_tool_call(real_pair):
     finally:
         s.stop()
         eng.close()
+
+
+# --------------------------------------------------------------------------------------------- the Responses API
+RESP_WEATHER = {"type": "function", **WEATHER["function"]}  # Responses tools are flat
+
+
+def test_responses_text_format_json_schema(srv):
+    c = srv.client()
+    schema = Item.model_json_schema()
+    r = c.responses.create(model="m", input="an item", text={"format": {"type": "json_schema", "name": "item", "schema": schema, "strict": True}},
+                           max_output_tokens=80, temperature=0.8, seed=3)
+    assert r.status == "completed", r
+    Item.model_validate_json(r.output_text)  # it parses and matches the schema
+    parsed = c.responses.parse(model="m", input="an item", text_format=Item, max_output_tokens=80, temperature=0.8, seed=5)
+    assert isinstance(parsed.output_parsed, Item)
+
+
+def test_responses_tool_call_round_trip_and_stream(srv):
+    c = srv.client()
+    r = c.responses.create(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, seed=1, max_output_tokens=60)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather", r.output
+    args = json.loads(calls[0].arguments)
+    assert args["city"] in ("paris", "rome") and 1 <= args["days"] <= 7
+    # the result goes back as a function_call_output item (after the call item, as the Agents SDK sends them)
+    follow = c.responses.create(
+        model="m", previous_response_id=r.id, tools=[RESP_WEATHER], tool_choice="none", temperature=0, max_output_tokens=10,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": json.dumps({"forecast": "sunny"})}],
+    )
+    assert follow.status in ("completed", "incomplete") and all(o.type == "message" for o in follow.output)
+    # the same without the store: the call item sent back in the input
+    again = c.responses.create(
+        model="m", store=False, tools=[RESP_WEATHER], tool_choice="none", temperature=0, max_output_tokens=10,
+        input=[{"role": "user", "content": "weather?"}, calls[0].model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}],
+    )
+    assert again.status in ("completed", "incomplete")
+    kinds, done = [], None
+    with c.responses.stream(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, seed=1,
+                            max_output_tokens=60) as stream:
+        for ev in stream:
+            kinds.append(ev.type)
+        done = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    streamed = [o for o in done.output if o.type == "function_call"]
+    assert [(o.name, o.arguments) for o in streamed] == [(o.name, o.arguments) for o in calls]  # same seed, same call

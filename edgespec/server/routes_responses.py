@@ -5,8 +5,11 @@ other clients built on it.
 A Responses request is translated, in `to_chat_body`, into the body of a chat completions request and parsed by the
 same code (schema.parse_chat): `instructions` becomes a system message, `input` (a string or message items) the
 messages, `max_output_tokens` max_completion_tokens, `text.format` response_format and function `tools` chat tools.
-What chat completions refuses is refused here under the Responses name (`text.format`, `tools`), so when chat
-completions learns structured output and tools, this route follows with no change.
+Structured output and function tools are chat completions' own (edgespec/structured.py): `text.format` holds the
+output to a JSON schema, and a tool call comes back as `function_call` output items; `function_call` and
+`function_call_output` input items become the assistant tool calls and tool results of the chat messages. With tools
+the answer is streamed at its end (a call is known only once its text is complete). What chat completions refuses is
+refused here under the Responses name.
 
 `previous_response_id` continues a stored conversation: each stored response keeps its input messages and output,
 in a bounded in-memory store (the oldest go first; `store: false` keeps nothing). As OpenAI does, the previous
@@ -26,6 +29,7 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from . import schema
+from ..structured import parse_tool_calls
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
 from .schema import APIError, CompletionRequest, bad, unsupported
 
@@ -43,7 +47,7 @@ RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_outpu
 
 @dataclass
 class Stored:
-    messages: list[dict[str, str]]  # the conversation so far, the response's own output last
+    messages: list[dict[str, Any]]  # the conversation so far, the response's own output last
     body: dict[str, Any]  # the response object
 
 
@@ -116,14 +120,34 @@ def _input_messages(v: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise bad(where, f"{where} must be an object")
         kind = item.get("type", "message")
-        if kind in ("function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"):
-            raise unsupported(where, f"{where}: {kind} items need tools, which this server does not support yet")
+        if kind == "function_call":
+            call = {"id": _str_field(item, "call_id", where), "type": "function",
+                    "function": {"name": _str_field(item, "name", where), "arguments": _str_field(item, "arguments", where)}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls") and not out[-1]["content"]:
+                out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": _str_field(item, "call_id", where), "content": text})
+            continue
+        if kind in ("custom_tool_call", "custom_tool_call_output"):
+            raise unsupported(where, f"{where}: {kind} items are not supported (function tools only)")
         if kind != "message":
             raise unsupported(where, f"{where}: input items of type {kind!r} are not supported")
         role = item.get("role")
         msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), f"{where}.content")}
         out.append(msg)
     return out
+
+
+def _str_field(item: Mapping[str, Any], key: str, where: str) -> str:
+    v = item.get(key)
+    if not isinstance(v, str):
+        raise bad(f"{where}.{key}", f"{where}.{key} must be a string")
+    return v
 
 
 def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,10 +273,24 @@ class ResponsesResponse(GenerationResponse):
         self.id = "resp_" + secrets.token_hex(24)
         self.msg_id = "msg_" + secrets.token_hex(24)
         self.seq = 0
+        self._kept: dict[str, Any] = {}  # the assistant message stored for previous_response_id
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
         return {"id": self.msg_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+    def _answer(self, text: str, status: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        """(output items, the assistant message kept for previous_response_id, output_text) for the final text:
+        with tools, the calls it holds become function_call items after the text around them."""
+        if self.req.tool_choice != "none":
+            content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
+            if calls:
+                items = [self._message(content, status)] if content else []
+                for c in calls:
+                    items.append({"id": "fc_" + secrets.token_hex(24), "type": "function_call", "status": "completed",
+                                  "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                return items, {"role": "assistant", "content": content or "", "tool_calls": calls}, content or ""
+        return [self._message(text, status)], {"role": "assistant", "content": text}, text
 
     def _object(self, status: str, text: str | None, reason: str | None = None, error: Any = None) -> dict[str, Any]:
         s = self.req.sampling
@@ -262,13 +300,14 @@ class ResponsesResponse(GenerationResponse):
             "background": False, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if reason == "length" else None,
             "instructions": ri.instructions, "max_output_tokens": ri.max_output_tokens, "model": self.model,
-            "output": [] if text is None else [self._message(text, "completed" if reason != "length" else "incomplete")],
+            "output": [],
             "previous_response_id": ri.previous_response_id, "reasoning": {"effort": None, "summary": None},
             "store": ri.store, "temperature": s.temperature, "top_p": s.top_p, "metadata": ri.metadata,
             **ri.echo,
             "usage": None,
         }
         if text is not None and error is None:
+            out["output"], self._kept, text = self._answer(text, "completed" if reason != "length" else "incomplete")
             stats = self.gen.stats
             out["usage"] = _usage(stats)
             out["timings"] = timings(stats)
@@ -276,9 +315,9 @@ class ResponsesResponse(GenerationResponse):
             out["output_text"] = text
         return out
 
-    def _keep(self, body: dict[str, Any], text: str) -> None:
+    def _keep(self, body: dict[str, Any]) -> None:
         if self.ri.store and body["status"] in ("completed", "incomplete"):
-            _store(self.state).put(self.id, Stored(self.ri.messages + [{"role": "assistant", "content": text}], body))
+            _store(self.state).put(self.id, Stored(self.ri.messages + [self._kept], body))
 
     async def _complete(self, send: Send) -> None:
         async for chunk in self.gen:
@@ -289,9 +328,8 @@ class ResponsesResponse(GenerationResponse):
         if api is not None:
             await _send_json(send, api.status, api.body(), api.headers)
             return
-        text = self.gen.text
-        body = self._object("incomplete" if reason == "length" else "completed", text, reason)
-        self._keep(body, text)
+        body = self._object("incomplete" if reason == "length" else "completed", self.gen.text, reason)
+        self._keep(body)
         await _send_json(send, 200, body, self.headers)
 
     def _event(self, kind: str, **data: Any) -> bytes:
@@ -310,15 +348,15 @@ class ResponsesResponse(GenerationResponse):
         start = self._object("in_progress", None)
         await emit("response.created", response=start)
         await emit("response.in_progress", response=start)
-        await emit("response.output_item.added", output_index=0, item=self._message("", "in_progress"))
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        ids = {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
-        await emit("response.content_part.added", **ids, part=part)
+        live = self.req.tool_choice == "none"  # with tools the text streams at the end, once calls can be told apart
+        if live:
+            await self._open_message(emit, part)
         async for chunk in self.gen:
             self._track(chunk)
-            if self.client_left or not chunk.text:
+            if self.client_left or not chunk.text or not live:
                 continue
-            await emit("response.output_text.delta", **ids, delta=chunk.text, logprobs=[])
+            await emit("response.output_text.delta", item_id=self.msg_id, output_index=0, content_index=0, delta=chunk.text, logprobs=[])
         if self.client_left:
             return
         api, reason = self._outcome()
@@ -327,14 +365,30 @@ class ResponsesResponse(GenerationResponse):
             await emit("error", code=err["code"], message=api.message, param=api.param)
             await emit("response.failed", response=self._object("failed", None, error=err))
         else:
-            text = self.gen.text
-            await emit("response.output_text.done", **ids, text=text, logprobs=[])
-            await emit("response.content_part.done", **ids, part={**part, "text": text})
-            done = self._object("incomplete" if reason == "length" else "completed", text, reason)
-            await emit("response.output_item.done", output_index=0, item=done["output"][0])
-            self._keep(done, text)
+            done = self._object("incomplete" if reason == "length" else "completed", self.gen.text, reason)
+            for index, item in enumerate(done["output"]):
+                if item["type"] == "message":
+                    text = item["content"][0]["text"]
+                    if not live:
+                        await self._open_message(emit, part, index)
+                        if text:
+                            await emit("response.output_text.delta", item_id=self.msg_id, output_index=index, content_index=0, delta=text, logprobs=[])
+                    ids = {"item_id": self.msg_id, "output_index": index, "content_index": 0}
+                    await emit("response.output_text.done", **ids, text=text, logprobs=[])
+                    await emit("response.content_part.done", **ids, part={**part, "text": text})
+                else:
+                    await emit("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+                    ids = {"item_id": item["id"], "output_index": index}
+                    await emit("response.function_call_arguments.delta", **ids, delta=item["arguments"])
+                    await emit("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+                await emit("response.output_item.done", output_index=index, item=item)
+            self._keep(done)
             await emit("response.incomplete" if reason == "length" else "response.completed", response=done)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _open_message(self, emit: Any, part: dict[str, Any], index: int = 0) -> None:
+        await emit("response.output_item.added", output_index=index, item=self._message("", "in_progress"))
+        await emit("response.content_part.added", item_id=self.msg_id, output_index=index, content_index=0, part=part)
 
 
 # --------------------------------------------------------------------------------------------- routes
