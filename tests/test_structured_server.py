@@ -210,16 +210,16 @@ def test_responses_text_format_json_schema(srv):
     c = srv.client()
     schema = Item.model_json_schema()
     r = c.responses.create(model="m", input="an item", text={"format": {"type": "json_schema", "name": "item", "schema": schema, "strict": True}},
-                           max_output_tokens=80, temperature=0.8, seed=3)
+                           max_output_tokens=80, temperature=0.8, extra_body={"seed": 3})
     assert r.status == "completed", r
     Item.model_validate_json(r.output_text)  # it parses and matches the schema
-    parsed = c.responses.parse(model="m", input="an item", text_format=Item, max_output_tokens=80, temperature=0.8, seed=5)
+    parsed = c.responses.parse(model="m", input="an item", text_format=Item, max_output_tokens=80, temperature=0.8, extra_body={"seed": 5})
     assert isinstance(parsed.output_parsed, Item)
 
 
 def test_responses_tool_call_round_trip_and_stream(srv):
     c = srv.client()
-    r = c.responses.create(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, seed=1, max_output_tokens=60)
+    r = c.responses.create(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, extra_body={"seed": 1}, max_output_tokens=400)
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather", r.output
     args = json.loads(calls[0].arguments)
@@ -238,8 +238,8 @@ def test_responses_tool_call_round_trip_and_stream(srv):
     )
     assert again.status in ("completed", "incomplete")
     kinds, done = [], None
-    with c.responses.stream(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, seed=1,
-                            max_output_tokens=60) as stream:
+    with c.responses.stream(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, extra_body={"seed": 1},
+                            max_output_tokens=400) as stream:
         for ev in stream:
             kinds.append(ev.type)
         done = stream.get_final_response()

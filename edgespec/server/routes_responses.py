@@ -114,7 +114,7 @@ def _input_messages(v: Any) -> list[dict[str, Any]]:
         return [{"role": "user", "content": v}]
     if not isinstance(v, list):
         raise bad("input", "input must be a string or an array of input items")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, item in enumerate(v):
         where = f"input[{i}]"
         if not isinstance(item, dict):
