@@ -219,7 +219,8 @@ def test_responses_text_format_json_schema(srv):
 
 def test_responses_tool_call_round_trip_and_stream(srv):
     c = srv.client()
-    r = c.responses.create(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7, extra_body={"seed": 1}, max_output_tokens=400)
+    r = c.responses.create(model="m", input="weather?", tools=[RESP_WEATHER], tool_choice="required", temperature=0.7,
+                           extra_body={"seed": 1}, max_output_tokens=400)
     calls = [o for o in r.output if o.type == "function_call"]
     assert calls and calls[0].name == "get_weather", r.output
     args = json.loads(calls[0].arguments)
