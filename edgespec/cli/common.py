@@ -229,6 +229,37 @@ def read_stdin_text() -> str:
     return raw.decode("utf-8", "replace")
 
 
+def print_generation(gen: Any, as_json: bool) -> None:
+    """Print a running generation: its text as it comes (or, with as_json, the whole result as JSON), then its stats
+    line on stderr. Ctrl-C cancels it (the engine stops within a cycle or a prefill chunk); then KeyboardInterrupt."""
+    import json
+
+    from ..stats import summary_line
+
+    interrupted = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.append(True)
+        gen.cancel()
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        if as_json:
+            r = gen.result()
+            if not interrupted:
+                out(json.dumps(r.as_dict(), ensure_ascii=False))
+        else:
+            for chunk in gen:
+                out(chunk.text, nl=False)
+            gen.wait()
+            out("")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    out(summary_line(gen.stats), err=True)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 def out(text: str, *, nl: bool = True, err: bool = False) -> None:
     """Write to stdout/stderr and flush: a write error (full disk, closed pipe) surfaces here, not at exit."""
     click.echo(text, nl=nl, err=err)

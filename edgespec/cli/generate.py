@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import signal
 from typing import Any
 
 import click
 
 from ..constraint import Constraint
-from ..stats import summary_line
-from .common import load_engine, make_sampling, model_options, out, read_stdin_text, sampling_options
+from .common import print_generation, load_engine, make_sampling, model_options, read_stdin_text, sampling_options
 
 
 @click.command()
@@ -55,28 +52,7 @@ def generate(prompt: str | None, **kw: Any) -> None:
         else:
             gen = eng.stream(prompt, sampling=sampling, max_tokens=max_tokens, stop=stop, constraint=constraint)
         # Ctrl-C: cancel the generation (the engine stops within a cycle or a prefill chunk), then leave with 130
-        interrupted = []
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            interrupted.append(True)
-            gen.cancel()
-
-        old = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            if as_json:
-                r = gen.result()
-                if not interrupted:
-                    out(json.dumps(r.as_dict(), ensure_ascii=False))
-            else:
-                for chunk in gen:
-                    out(chunk.text, nl=False)
-                gen.wait()
-                out("")
-        finally:
-            signal.signal(signal.SIGINT, old)
-        out(summary_line(gen.stats), err=True)
-        if interrupted:
-            raise KeyboardInterrupt
+        print_generation(gen, as_json)
 
 
 def _read(path: str, what: str) -> str:

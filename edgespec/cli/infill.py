@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import signal
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ..errors import EdgespecError
-from ..stats import summary_line
-from .common import _read_corpus_file, load_engine, make_sampling, model_options, out, read_stdin_text, sampling_options
+from .common import print_generation, _read_corpus_file, load_engine, make_sampling, model_options, read_stdin_text, sampling_options
 
 MARKER = "<CURSOR>"
 
@@ -54,25 +51,4 @@ def infill(file: str | None, **kw: Any) -> None:
     max_tokens, stop, as_json = kw.pop("max_tokens"), kw.pop("stop"), kw.pop("as_json")
     with load_engine(kw) as eng:
         gen = eng.infill_stream(prefix or "", suffix or "", extra=chunks, sampling=sampling, max_tokens=max_tokens, stop=stop)
-        interrupted = []
-
-        def on_sigint(signum: int, frame: Any) -> None:
-            interrupted.append(True)
-            gen.cancel()
-
-        old = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            if as_json:
-                r = gen.result()
-                if not interrupted:
-                    out(json.dumps(r.as_dict(), ensure_ascii=False))
-            else:
-                for chunk in gen:
-                    out(chunk.text, nl=False)
-                gen.wait()
-                out("")
-        finally:
-            signal.signal(signal.SIGINT, old)
-        out(summary_line(gen.stats), err=True)
-        if interrupted:
-            raise KeyboardInterrupt
+        print_generation(gen, as_json)

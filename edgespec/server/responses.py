@@ -202,14 +202,21 @@ class GenerationResponse:
     _lp_offset = 0
 
     # -- non-streaming
-    async def _complete(self, send: Send) -> None:
+    async def _run_to_end(self, send: Send) -> str | None:
+        """Read the generation to its end: its finish reason, or None when the client left or an error was sent."""
         async for chunk in self.gen:
             self._track(chunk)
         if self.client_left:
-            return
+            return None
         api, reason = self._outcome()
         if api is not None:
             await _send_json(send, api.status, api.body(), api.headers)
+            return None
+        return reason
+
+    async def _complete(self, send: Send) -> None:
+        reason = await self._run_to_end(send)
+        if reason is None:
             return
         stats = self.gen.stats
         text = self.gen.text

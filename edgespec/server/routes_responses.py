@@ -320,13 +320,8 @@ class ResponsesResponse(GenerationResponse):
             _store(self.state).put(self.id, Stored(self.ri.messages + [self._kept], body))
 
     async def _complete(self, send: Send) -> None:
-        async for chunk in self.gen:
-            self._track(chunk)
-        if self.client_left:
-            return
-        api, reason = self._outcome()
-        if api is not None:
-            await _send_json(send, api.status, api.body(), api.headers)
+        reason = await self._run_to_end(send)
+        if reason is None:
             return
         body = self._object("incomplete" if reason == "length" else "completed", self.gen.text, reason)
         self._keep(body)
