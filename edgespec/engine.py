@@ -318,7 +318,7 @@ class Engine:
         fim = self.fim_tokens()
         if fim.missing:
             raise ConfigError(
-                f"{_stem_name(self.target.spec.path)} cannot fill in the middle: its vocabulary has no FIM "
+                f"{os.path.basename(self.target.spec.path)} cannot fill in the middle: its vocabulary has no FIM "
                 f"{'/'.join(fim.missing)} token (use a code model trained for infill, e.g. Qwen2.5-Coder)"
             )
         for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
@@ -626,10 +626,6 @@ def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
     if "decodes" in info:
         info["decodes"] = {c: n - before.get(c, 0) for c, n in info["decodes"].items()}
     return info
-
-
-def _stem_name(path: str) -> str:
-    return os.path.basename(path)
 
 
 def _extra_chunk(c: Any, i: int) -> ExtraChunk:
