@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
+from shared import run_child
 
 from edgespec.errors import ModelsError
 from edgespec.fsutil import MAX_JSON_NUMBER_DIGITS, clear_odd_file, loads_json, read_regular_bytes
@@ -90,14 +88,9 @@ def test_clear_odd_file_removes_what_is_not_a_file(tmp_path, kind):
 
 
 # --------------------------------------------------------------------------------------------- the caches, in a child
-def _child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
-
-
 def test_every_cache_file_that_is_not_a_file_is_dropped_in_a_child_process(tmp_path):
     """Each cache reader on each odd kind: no hang (timeout), no traceback, an empty result or a one-line error."""
-    p = _child(f"""
+    p = run_child(f"""
         import os, warnings
         from pathlib import Path
         from edgespec import calibration as cal

@@ -21,6 +21,7 @@ import re
 
 import numpy as np
 import pytest
+from shared import chi_square
 
 from edgespec.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
@@ -198,32 +199,6 @@ def exact_masked(target: Model, m: Matcher, ctx: list[int], sp: SamplingParams, 
 
     rec([], 1.0)
     return out
-
-
-def chi_square(samples, exact) -> float:
-    from scipy import stats as sstats
-
-    n = len(samples)
-    counts: dict[tuple[int, ...], int] = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    impossible = [s for s in counts if s not in exact]
-    assert not impossible, f"sampled sequences outside the masked support: {impossible[:5]}"
-    obs, exp, other_obs, other_exp = [], [], 0, 0.0
-    for s in sorted(exact, key=lambda s: -exact[s]):
-        e = n * exact[s]
-        if e < 5:
-            other_obs += counts.get(s, 0)
-            other_exp += e
-        else:
-            obs.append(counts.get(s, 0))
-            exp.append(e)
-    if other_exp > 0 or other_obs > 0:
-        obs.append(other_obs)
-        exp.append(max(other_exp, 1e-12))
-    obs_a, exp_a = np.array(obs, float), np.array(exp, float)
-    exp_a *= obs_a.sum() / exp_a.sum()
-    return float(sstats.chisquare(obs_a, exp_a).pvalue)
 
 
 # a grammar that forbids some hot tokens, forces a cold one ("x") after the first token and then allows a few hot

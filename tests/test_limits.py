@@ -4,13 +4,10 @@ and CLI options that override each other (issue 20, items 1, 6 and 8)."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from shared import run_child
 from click.testing import CliRunner
 
 from edgespec.cli import main
@@ -37,11 +34,6 @@ def test_check_tree_fits(n_batch, n_ctx, nodes, ok):
         assert "\n" not in str(e.value)
 
 
-def _child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
-
-
 @pytest.mark.parametrize("load", [
     "Engine.load(ModelSpec(T, n_batch=8, n_threads=1), drafter='suffix', memory=False, calibrate_costs=False)",
     "Engine.load(ModelSpec(T, n_ctx=8, n_threads=1), drafter='suffix', memory=False, calibrate_costs=False)",
@@ -51,7 +43,7 @@ def _child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 ])
 def test_a_batch_smaller_than_the_tree_is_a_config_error_not_a_signal(tiny, load):
     """llama.cpp aborts the process (SIGABRT, n_outputs_max) on these: run them in a child process."""
-    p = _child(f"""
+    p = run_child(f"""
         from edgespec import Engine, ModelSpec, SpecConfig
         from edgespec.backend import Model
         from edgespec.errors import ConfigError
@@ -67,7 +59,7 @@ def test_a_batch_smaller_than_the_tree_is_a_config_error_not_a_signal(tiny, load
 
 def test_the_smallest_batch_that_fits_verifies_trees(tiny):
     """At the boundary (n_batch = tree_nodes + 1) trees are verified, in a child process in case llama.cpp aborts."""
-    p = _child(f"""
+    p = run_child(f"""
         from edgespec import Engine, ModelSpec, SamplingParams
         e = Engine.load(ModelSpec({str(tiny["target"])!r}, n_batch=9, n_ctx=256, n_threads=1), drafter="suffix", memory=False,
                         calibrate_costs=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sstats
+from shared import chi_square
 
 from edgespec.config import SamplingParams
 from edgespec.errors import ContextFullError, StopRequested
@@ -227,27 +227,6 @@ def exact_distribution(target: FakeModel, prompt: list[int], sp: SamplingParams,
 
     rec([], 1.0)
     return out
-
-
-def chi_square(samples, exact) -> float:
-    counts: dict = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    assert all(s in exact for s in counts), "a sequence the target cannot produce was sampled"
-    n = len(samples)
-    obs, exp, o_other, e_other = [], [], 0, 0.0
-    for s, p in exact.items():
-        if n * p < 5:
-            o_other += counts.get(s, 0)
-            e_other += n * p
-        else:
-            obs.append(counts.get(s, 0))
-            exp.append(n * p)
-    if e_other > 0:
-        obs.append(o_other)
-        exp.append(e_other)
-    exp_a = np.array(exp) * (sum(obs) / sum(exp))
-    return float(sstats.chisquare(obs, exp_a).pvalue)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)], ids=["T1", "T0.7-topk4"])

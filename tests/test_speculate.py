@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import stats as sstats
+from shared import chi_square
 
 import edgespec.speculate as spec_mod
 from edgespec.acceptance import Verdict
@@ -155,32 +155,6 @@ def exact_distribution(target: Model, ctx: list[int], sp: SamplingParams, n: int
 
     rec([], 1.0)
     return out
-
-
-def chi_square(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], float]) -> float:
-    """p-value of the samples against the exact distribution; a sample the target cannot produce fails at once."""
-    n = len(samples)
-    counts: dict[tuple[int, ...], int] = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    impossible = [s for s in counts if s not in exact]
-    assert not impossible, f"sampled sequences outside the target's support: {impossible[:5]}"
-    obs, exp = [], []
-    other_obs, other_exp = 0, 0.0
-    for s in sorted(exact, key=lambda s: -exact[s]):
-        e = n * exact[s]
-        if e < 5:
-            other_obs += counts.get(s, 0)
-            other_exp += e
-        else:
-            obs.append(counts.get(s, 0))
-            exp.append(e)
-    if other_exp > 0 or other_obs > 0:
-        obs.append(other_obs)
-        exp.append(max(other_exp, 1e-12))
-    obs_a, exp_a = np.array(obs, float), np.array(exp, float)
-    exp_a *= obs_a.sum() / exp_a.sum()
-    return float(sstats.chisquare(obs_a, exp_a).pvalue)
 
 
 SETTINGS = {

@@ -1,0 +1,48 @@
+"""Helpers several test files share (tests only): the chi-square test of sampled sequences against an exact
+distribution, and running code in a child Python process (where a signal or a hang is the risk)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sstats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chi_square(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], float]) -> float:
+    """p-value of the sampled sequences against the exact distribution {sequence: probability}. Cells with an
+    expected count below 5 are merged into one; a sample outside the exact support fails at once."""
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    impossible = [s for s in counts if s not in exact]
+    assert not impossible, f"sampled sequences outside the exact distribution's support: {impossible[:5]}"
+    obs, exp = [], []
+    other_obs, other_exp = 0, 0.0
+    for s in sorted(exact, key=lambda s: -exact[s]):
+        e = n * exact[s]
+        if e < 5:
+            other_obs += counts.get(s, 0)
+            other_exp += e
+        else:
+            obs.append(counts.get(s, 0))
+            exp.append(e)
+    if other_exp > 0 or other_obs > 0:
+        obs.append(other_obs)
+        exp.append(max(other_exp, 1e-12))
+    obs_a, exp_a = np.array(obs, float), np.array(exp, float)
+    exp_a *= obs_a.sum() / exp_a.sum()
+    return float(sstats.chisquare(obs_a, exp_a).pvalue)
+
+
+def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `code` (dedented) in a fresh Python process that imports this checkout's edgespec."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
