@@ -1,7 +1,7 @@
 """Structured output and tool calls through `edgespec serve`, with the official `openai` client: parse() with a
 Pydantic model, response_format json_object / json_schema, a tool call round trip (call -> tool message -> answer),
-streamed tool-call deltas, and bad constraints as 400s. Tiny models whose likely tokens are JSON's characters (so
-free JSON ends by itself); one test on the real pair (marked real)."""
+streamed tool-call deltas, and bad constraints as 400s; Ollama's `format` and `tools` on /api/chat and /api/generate.
+Tiny models whose likely tokens are JSON's characters (so free JSON ends by itself); one test on the real pair (marked real)."""
 
 from __future__ import annotations
 
@@ -247,3 +247,61 @@ def test_responses_tool_call_round_trip_and_stream(srv):
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
     streamed = [o for o in done.output if o.type == "function_call"]
     assert [(o.name, o.arguments) for o in streamed] == [(o.name, o.arguments) for o in calls]  # same seed, same call
+
+
+# --------------------------------------------------------------------------------------------- Ollama routes
+def _ndjson(r) -> list[dict]:
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def test_ollama_format_json_and_schema(srv):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    for route, key in (("/api/chat", "message"), ("/api/generate", "response")):
+        body = {"model": "m", "options": {"temperature": 1.0, "seed": 5}}
+        body.update({"messages": ask("x")} if route == "/api/chat" else {"prompt": "x"})
+        one = srv.post(route, {**body, "format": schema, "stream": False}).json()
+        text = one["message"]["content"] if key == "message" else one["response"]
+        assert set(json.loads(text)) == {"ok"}, text
+        lines = _ndjson(srv.post(route, {**body, "format": schema}))
+        streamed = "".join(x["message"]["content"] if key == "message" else x["response"] for x in lines)
+        assert streamed == text and lines[-1]["done"] is True  # same seed, same answer, streamed or not
+        j = srv.post(route, {**body, "format": "json", "stream": False, "options": {"temperature": 0.8, "seed": 1, "num_predict": 400}})
+        out = j.json()
+        if out["done_reason"] == "stop":
+            assert isinstance(json.loads(out["message"]["content"] if key == "message" else out["response"]), dict)
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_ollama_tools_answer_with_ollama_tool_calls(srv, choice):
+    """Ollama has no tool_choice ("auto": the tiny model answers text) and edgespec takes OpenAI's values there
+    ("required": every answer is a call). Every call is valid, in Ollama's shape (arguments an object), streamed in
+    the line before the last; 8 seeds."""
+    calls_seen = 0
+    for seed in range(8):
+        body = {"model": "m", "messages": ask("weather?"), "tools": [WEATHER], "options": {"temperature": 1.0, "seed": seed}}
+        if choice == "required":
+            body["tool_choice"] = "required"
+        one = srv.post("/api/chat", {**body, "stream": False}).json()
+        lines = _ndjson(srv.post("/api/chat", body))
+        assert lines[-1]["done"] is True
+        calls = one["message"].get("tool_calls")
+        if not calls:
+            assert not any(x["message"].get("tool_calls") for x in lines)
+            continue
+        calls_seen += 1
+        for c in calls:
+            assert set(c) == {"function"} and c["function"]["name"] == "get_weather"
+            args = c["function"]["arguments"]
+            assert isinstance(args, dict) and args["city"] in ("paris", "rome") and 1 <= args["days"] <= 7
+        assert lines[-2]["message"]["tool_calls"] == calls and lines[-2]["done"] is False
+    if choice == "required":
+        assert calls_seen == 8, calls_seen
+    # the call goes back into the conversation as Ollama sends it (arguments an object, a tool message)
+    history = ask("weather?") + [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "rome", "days": 2}}}]},
+        {"role": "tool", "content": json.dumps({"forecast": "rain"}), "tool_name": "get_weather"},
+    ]
+    r = srv.post("/api/chat", {"model": "m", "messages": history, "tools": [WEATHER], "stream": False, "options": {"num_predict": 20}})
+    assert r.status_code == 200, r.text
+    bad = srv.post("/api/chat", {"model": "m", "messages": ask("x"), "tools": [WEATHER], "format": "json"})
+    assert bad.status_code == 400 and "format" in bad.json()["error"]

@@ -5,13 +5,16 @@ Each is a translation over the same engine call as the OpenAI routes. `options` 
 (`num_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `repeat_penalty`, `repeat_last_n`,
 `presence_penalty`, `frequency_penalty`); load-time options that never change the output (`num_thread`, `num_gpu`,
 `num_batch`, `use_mmap`, ...) and `keep_alive` are accepted and reported in the `X-Edgespec-Ignored-Params` header;
-an option or field that would change the answer and cannot be honoured (`mirostat`, `template`, `images`, `format`,
-`tools`, a `num_ctx` larger than the server's context...) is a 400 naming it. Errors have Ollama's shape,
-`{"error": "<message>"}`.
+an option or field that would change the answer and cannot be honoured (`mirostat`, `template`, `images`, `think`,
+a `num_ctx` larger than the server's context...) is a 400 naming it. `format` ("json" or a JSON schema) is structured
+output and `tools` (chat) are tool calls, through the same constraints as the OpenAI routes; a tool call comes back
+as Ollama writes it, `message.tool_calls: [{"function": {"name", "arguments": {...}}}]` (with streaming, in one
+line before the last); Ollama has no `tool_choice`, edgespec takes OpenAI's values there (default "auto"). Errors have Ollama's shape, `{"error": "<message>"}`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -21,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from .. import __version__
+from ..structured import parse_tool_calls
 from . import schema
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, timings
 from .schema import APIError, CompletionRequest, InfillInput, bad, unsupported
@@ -37,7 +41,7 @@ RUNTIME_OPTIONS = frozenset({"num_keep", "num_thread", "num_gpu", "main_gpu", "n
                              "low_vram", "f16_kv", "vocab_only", "numa", "logits_all", "embedding_only"})
 # options that would change the answer, with the value that leaves it unchanged
 NEUTRAL_OPTIONS = {"mirostat": 0, "tfs_z": 1, "typical_p": 1, "penalize_newline": None}
-CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "format", "tools", "think"})
+CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "format", "tools", "tool_choice", "think"})
 GENERATE_KEYS = frozenset({"model", "prompt", "suffix", "system", "template", "raw", "context", "images", "stream",
                            "options", "keep_alive", "format", "think"})
 
@@ -92,12 +96,10 @@ def _options(body: Mapping[str, Any], n_ctx: int) -> tuple[dict[str, Any], list[
 
 
 def _refuse(body: Mapping[str, Any]) -> None:
-    for key, fine in (("format", lambda v: v in (None, "")), ("tools", lambda v: v in (None, [])),
-                      ("think", lambda v: v in (None, False)), ("images", lambda v: v in (None, [])),
+    for key, fine in (("think", lambda v: v in (None, False)), ("images", lambda v: v in (None, [])),
                       ("template", lambda v: v in (None, "")), ("context", lambda v: v in (None, []))):
         if not fine(body.get(key)):
-            what = {"format": "format (structured output) is not supported yet", "tools": "tools are not supported yet",
-                    "think": "think is not supported (not a reasoning model server)", "images": "images are not supported (text only)",
+            what = {"think": "think is not supported (not a reasoning model server)", "images": "images are not supported (text only)",
                     "template": "a custom template is not supported (the model's own chat template is used)",
                     "context": "context (the deprecated token context) is not supported; send the conversation as messages"}[key]
             raise unsupported(key, what)
@@ -116,6 +118,13 @@ def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple
     mapped = {**opts, "stream": stream}
     if isinstance(body.get("model"), str):
         mapped["model"] = body["model"]
+    fmt = body.get("format")
+    if fmt == "json":
+        mapped["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        mapped["response_format"] = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise bad("format", 'format must be "json" or a JSON schema (an object)')
     return mapped, tuple(ignored + ign)
 
 
@@ -128,7 +137,15 @@ def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
                 raise unsupported(f"messages[{i}].images", "images are not supported (text only)")
             if isinstance(m, dict) and m.get("thinking"):
                 raise unsupported(f"messages[{i}].thinking", "thinking is not supported")
-        msgs = [{k: v for k, v in m.items() if k not in ("images", "thinking")} if isinstance(m, dict) else m for m in msgs]
+        msgs = [{k: v for k, v in m.items() if k not in ("images", "thinking", "tool_name")} if isinstance(m, dict) else m
+                for m in msgs]
+    tools = body.get("tools")
+    if tools not in (None, []):
+        if "response_format" in mapped:
+            raise unsupported("format", "format together with tools is not supported; send one or the other")
+        mapped["tools"] = tools
+        if "tool_choice" in body:  # not Ollama's: an edgespec extension with the OpenAI values (default "auto")
+            mapped["tool_choice"] = body["tool_choice"]
     req = schema.parse_chat({**mapped, "messages": msgs})
     return replace(req, ignored=ignored)
 
@@ -160,18 +177,29 @@ class OllamaResponse(GenerationResponse):
 
     chat = True
 
-    def _piece(self, text: str) -> dict[str, Any]:
+    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
+            if calls:
+                out["message"]["tool_calls"] = calls
         else:
             out["response"] = text
         return out
 
-    def _final(self, reason: str, text: str) -> dict[str, Any]:
+    def _tool_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content, Ollama tool calls) of a chat answer when tools were offered, else (text, [])."""
+        if not self.chat or self.req.tool_choice == "none":
+            return text, []
+        content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
+        if not calls:
+            return text, []
+        return content or "", [{"function": {"name": c["function"]["name"], "arguments": _arguments(c)}} for c in calls]
+
+    def _final(self, reason: str, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         s = self.gen.stats
         t = timings(s)
-        out = self._piece(text)
+        out = self._piece(text, calls)
         out.update({
             "done": True,
             "done_reason": reason,
@@ -194,7 +222,8 @@ class OllamaResponse(GenerationResponse):
         if api is not None:
             await _send_json(send, api.status, {"error": api.message}, api.headers)
             return
-        await _send_json(send, 200, self._final(reason, self.gen.text), self.headers)
+        content, calls = self._tool_calls(self.gen.text)
+        await _send_json(send, 200, self._final(reason, content, calls), self.headers)
 
     async def _stream(self, send: Send) -> None:
         from . import sse
@@ -204,15 +233,28 @@ class OllamaResponse(GenerationResponse):
         async def line(obj: Any) -> None:
             await send({"type": "http.response.body", "body": sse.dumps(obj) + b"\n", "more_body": True})
 
+        hold = self.chat and self.req.tool_choice != "none"  # a tool call is only known whole: sent at the end
         async for chunk in self.gen:
-            if self.client_left or not chunk.text:
+            if self.client_left or not chunk.text or hold:
                 continue
             await line({**self._piece(chunk.text), "done": False})
         if self.client_left:
             return
         api, reason = self._outcome()
+        if api is None and hold:
+            content, calls = self._tool_calls(self.gen.text)
+            if content or calls:
+                await line({**self._piece(content, calls), "done": False})
         await line({"error": api.message} if api is not None else self._final(reason, ""))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _arguments(call: Mapping[str, Any]) -> Any:
+    """An OpenAI tool call's arguments (a JSON string) as Ollama sends them: the object itself."""
+    try:
+        return json.loads(call["function"]["arguments"])
+    except ValueError:
+        return call["function"]["arguments"]
 
 
 class OllamaGenerateResponse(OllamaResponse):
@@ -291,7 +333,7 @@ async def show(request: Request) -> Response:
                   "general.parameter_count": info.n_params, f"{info.architecture}.context_length": info.context_length,
                   "edgespec.n_ctx": eng.target.n_ctx, "edgespec.drafter": eng.drafter_kind}
     return JSON({"modelfile": "", "parameters": "", "template": eng.target.chat_template or "", "details": _details(eng),
-                 "model_info": model_info, "capabilities": ["completion"] + (["insert"] if infill else []),
+                 "model_info": model_info, "capabilities": ["completion", "tools"] + (["insert"] if infill else []),
                  "modified_at": datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")})
 
 
