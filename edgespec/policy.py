@@ -26,7 +26,7 @@ from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, 
 class Controller:
     """Chooses the draft length of each cycle; see the module docstring for the cost model.
 
-    Protocol, once per cycle: `k = next_k()`; if k > 0 draft up to k tokens, calling
+    Protocol, once per cycle: `k = next_k()`; if k > 0 draft up to limit(k) tokens, calling
     `keep_drafting(i, c)` after the i-th and stopping when it says False; verify; then
     `observe(n_drafted, n_accepted, t_draft, t_verify)`. A next_k() of 0 counts as one plain token (for
     the probe schedule and the estimator's ageing), so observing plain steps is optional; when they are
@@ -46,6 +46,8 @@ class Controller:
     never on the clock, so the same seed makes the same decisions.
     """
 
+    STEADY_CATCHUP = 2  # tokens a drafter catches up on per cycle in a run of drafts (see observe)
+
     def __init__(
         self,
         spec: SpecConfig,
@@ -58,6 +60,7 @@ class Controller:
         confidence_weight: float = 0.5,
         optimistic_a: float = 0.9,
         min_gain: float = 0.10,
+        extend: bool = True,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -75,6 +78,7 @@ class Controller:
         self.confidence_weight = confidence_weight
         self.optimistic_a = optimistic_a
         self.min_gain = min_gain
+        self.extend = extend
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
@@ -133,6 +137,15 @@ class Controller:
         self._confidences = {}
         return k
 
+    def limit(self, k: int) -> int:
+        """The most tokens a cycle planned at k (next_k) may draft. k is what the estimates alone pay for; while
+        speculating (not a probe, adaptive), the draft's own confidence, token by token, decides in keep_drafting
+        whether to go on past it, up to draft_max (the curve's cost of every extra token, cliffs included, is in
+        that rule). Otherwise k."""
+        if k and self.extend and self.spec.adaptive and not self._plain:
+            return max(k, self.spec.draft_max)
+        return k
+
     def keep_drafting(self, position: int, confidence: float) -> bool:
         """After drafting token i = position (1-based) with confidence c, should it draft token i + 1?
 
@@ -183,9 +196,17 @@ class Controller:
 
     # -- feedback ------------------------------------------------------------------------------------
 
-    def observe(self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
+    def observe(
+        self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float, *, n_catchup: int | None = None
+    ) -> None:
         """Fold in one finished cycle: n_drafted tokens drafted (0 = a plain step), n_accepted of them
         accepted, t_draft seconds drafting, t_verify seconds in the target decode of n_drafted + 1 tokens.
+
+        n_catchup: how many context tokens the drafter decoded before drafting (None = unknown). A steady run of drafts
+        catches up on 1-2 tokens a cycle (the target's own token, the last accepted draft), which the per-token draft
+        cost covers; a larger catch-up (after plain or lookup cycles) is one batched decode whose time would inflate
+        the per-token cost if divided by n_drafted, and with it every later decision (the draft would look dearer
+        than it is): such a cycle does not update the draft's cost. Its time still counts against the run it starts.
         """
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
@@ -196,7 +217,8 @@ class Controller:
         self.cost.update_verify(n_drafted + 1, t_verify)
         if n_drafted == 0:  # a plain step: next_k already counted it
             return
-        self.cost.update_draft(t_draft / n_drafted)
+        if n_catchup is None or n_catchup <= self.STEADY_CATCHUP:
+            self.cost.update_draft(t_draft / n_drafted)
         self.estimator.update(n_drafted, n_accepted)
         if not self.spec.adaptive:
             return
@@ -210,6 +232,16 @@ class Controller:
         self._run_tokens += n_accepted + 1
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
         self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
+
+    def expected_rate(self) -> float | None:
+        """Tokens per second the coming cycle is expected to deliver if it drafts (the best rate over k on the live
+        estimates and costs), or None while the controller decodes plainly or cannot draft. Changes nothing."""
+        spec = self.spec
+        if spec.draft_max == 0 or not spec.adaptive or self._plain or self.disabled:
+            return None
+        table = rates(self._a(), self.cost, spec.draft_max, spec.draft_min)
+        k = argmax_rate(table)
+        return table[k] if k else None
 
     @property
     def ceiling(self) -> float:
@@ -320,6 +352,7 @@ class NgramPolicy(_LookupPolicy):
         self.spec = spec
         self.min_gain = min_gain
         self.k_max = spec.ngram_draft_max if spec.adaptive else spec.draft_max
+        self.last_rate = float("inf")  # expected tokens/s of the last choice (inf: not estimated, fixed k)
         self.decisions: Counter[int] = Counter()
         self.tokens_drafted = 0
         self.tokens_accepted = 0
@@ -336,6 +369,7 @@ class NgramPolicy(_LookupPolicy):
             k = argmax_rate(table)
             if k and table[k] < (1.0 + self.min_gain) * table[0]:
                 k = 0  # the expected gain is within the margin: not worth the risk of a costlier verify
+            self.last_rate = table[k]
         self.decisions[k] += 1
         return k
 

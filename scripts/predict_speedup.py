@@ -302,13 +302,18 @@ class RecordedDraft:
 
 # --------------------------------------------------------------------------------------------- replay
 class EngineState:
-    """What an Engine carries from one generation to the next: its live verify curve and the draft's cost."""
+    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and the
+    lookups' acceptance by match run."""
 
     def __init__(self, cost: Curve) -> None:
         from edgespec.costs import VerifyCurve
 
+        from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
+
         self.curve = VerifyCurve(cost.verify)
         self.draft_cost = cost.draft
+        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
+        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
 
 
 def run_one(
@@ -332,7 +337,8 @@ def run_one(
     speculator = None
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
-        speculator = make_speculator(kind, spec, sampling, cm, draft)
+        speculator = make_speculator(kind, spec, sampling, cm, draft, run_estimator=state.run_estimator,
+                                     draft_estimator=state.draft_estimator)
         if model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()

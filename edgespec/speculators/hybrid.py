@@ -23,6 +23,14 @@ class HybridSpeculator:
 
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator) -> Proposal:
         p = self.lookup.propose(context, budget, rng)
+        if len(p) and isinstance(self.lookup, LookupSpeculator):
+            # one decision per cycle: the lookup's proposal unless the draft model is expected to deliver more tokens
+            # per second now (its estimates, the curve, its own cost); a declined lookup is still scored (shadow)
+            ctrl = getattr(self.model, "controller", None)
+            model_rate = ctrl.expected_rate() if ctrl is not None else None
+            if model_rate is not None and model_rate > self.lookup.last_rate:
+                self.lookup.withdraw()
+                p = Proposal()
         if not len(p):
             p = self.model.propose(context, budget, rng)
         self._last = p.source if len(p) else None
