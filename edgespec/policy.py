@@ -20,6 +20,7 @@ import numpy as np
 from .config import SpecConfig
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .tree_shape import TreeShape, best_tree, from_conditional
+from . import costs
 from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
@@ -58,8 +59,8 @@ class Controller:
         probe_interval: int = 16,
         max_probe_interval: int = 256,
         confidence_weight: float = 0.5,
-        optimistic_a: float = 0.9,
-        min_gain: float = 0.10,
+        optimistic_a: float | None = None,
+        min_gain: float | None = None,
         extend: bool = True,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
@@ -76,8 +77,8 @@ class Controller:
         self.base_interval = probe_interval
         self.max_interval = max_probe_interval
         self.confidence_weight = confidence_weight
-        self.optimistic_a = optimistic_a
-        self.min_gain = min_gain
+        self.optimistic_a = costs.GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
+        self.min_gain = costs.GATE_MIN_GAIN if min_gain is None else min_gain
         self.extend = extend
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
