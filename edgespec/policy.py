@@ -21,7 +21,7 @@ from .config import SpecConfig
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .tree_shape import TreeShape, best_tree, from_conditional
 from . import costs
-from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
+from .costs import CostModel, argmax_rate, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
 class Controller:
@@ -62,6 +62,8 @@ class Controller:
         optimistic_a: float | None = None,
         min_gain: float | None = None,
         extend: bool = True,
+        probe_budget: float = 0.1,
+        draft_margin: float = 0.0,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -80,6 +82,8 @@ class Controller:
         self.optimistic_a = costs.GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
         self.min_gain = costs.GATE_MIN_GAIN if min_gain is None else min_gain
         self.extend = extend
+        self.probe_budget = probe_budget
+        self.draft_margin = draft_margin
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
@@ -104,7 +108,12 @@ class Controller:
         return self.estimator.rates()[: self.spec.draft_max]
 
     def _best(self) -> int:
-        return best_k(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+        """best_k on the live estimates, 0 unless drafting promises `draft_margin` over plain decoding (default 0:
+        replayed on the cost-curve profiles, a margin of 5-10% lost more where the draft pays than it saved where it
+        barely does)."""
+        table = rates(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+        k = argmax_rate(table)
+        return k if k and table[k] >= (1.0 + self.draft_margin) * table[0] else 0
 
     @property
     def plain(self) -> bool:
@@ -116,8 +125,13 @@ class Controller:
         """Plain tokens between probes at present."""
         return self._interval
 
-    def next_k(self) -> int:
-        """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft."""
+    def next_k(self, behind: int | None = None) -> int:
+        """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft.
+
+        behind: how many context tokens the drafter would catch up on before drafting (None = unknown). A probe
+        that is due waits while that catch-up (one batched draft decode, see catchup_seconds) plus the probe itself
+        would cost more than `probe_budget` of the plain decoding time since the last probe: where a batch is dear
+        (a CPU, or a GPU past a kernel cliff) probes come rarer, where it is almost free nothing changes."""
         spec = self.spec
         if spec.draft_max == 0 or self.disabled:
             k = 0
@@ -129,7 +143,7 @@ class Controller:
                 if k == 0:
                     self._enter_plain()
             if self._plain:
-                k = self.probe_k if self._plain_run >= self._interval else 0
+                k = self.probe_k if self._plain_run >= self._interval and self._probe_affordable(behind) else 0
             if k == 0:  # one plain token is about to pass
                 self._plain_run += 1
                 self.estimator.age(1)
@@ -137,6 +151,13 @@ class Controller:
         self._planned = k
         self._confidences = {}
         return k
+
+    def _probe_affordable(self, behind: int | None) -> bool:
+        if behind is None or self.probe_budget <= 0:
+            return True
+        c = self.cost
+        probe = self.catchup_seconds(behind) + self.probe_k * c.c_draft + c.verify(self.probe_k + 1) - c.verify(1)
+        return probe <= self.probe_budget * self._plain_run * c.cycle_time(0)
 
     def limit(self, k: int) -> int:
         """The most tokens a cycle planned at k (next_k) may draft. k is what the estimates alone pay for; while
@@ -234,15 +255,29 @@ class Controller:
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
         self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
 
-    def expected_rate(self) -> float | None:
+    def expected_rate(self, extra_seconds: float = 0.0) -> float | None:
         """Tokens per second the coming cycle is expected to deliver if it drafts (the best rate over k on the live
-        estimates and costs), or None while the controller decodes plainly or cannot draft. Changes nothing."""
+        estimates and costs, the cycle costing extra_seconds more: a catch-up), or None while the controller decodes
+        plainly or cannot draft. Changes nothing."""
         spec = self.spec
         if spec.draft_max == 0 or not spec.adaptive or self._plain or self.disabled:
             return None
-        table = rates(self._a(), self.cost, spec.draft_max, spec.draft_min)
-        k = argmax_rate(table)
-        return table[k] if k else None
+        a = self._a()
+        best, run, e = 0.0, 1.0, 1.0
+        for k in range(1, spec.draft_max + 1):
+            run *= float(a[k - 1])
+            e += run
+            if k >= spec.draft_min:
+                best = max(best, e / (self.cost.cycle_time(k) + extra_seconds))
+        return best if best > 1.0 / self.cost.cycle_time(0) else None
+
+    def catchup_seconds(self, n_tokens: int) -> float:
+        """What catching up on n_tokens context tokens costs beyond the one a drafting cycle always decodes (which
+        c_draft covers): one batched draft decode, shaped like the target's verify curve (the draft's own batch
+        curve is not measured)."""
+        if n_tokens <= 1:
+            return 0.0
+        return max(0.0, self.cost.c_draft * (self.cost.verify(n_tokens) / self.cost.verify(1) - 1.0))
 
     @property
     def ceiling(self) -> float:

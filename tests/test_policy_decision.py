@@ -217,3 +217,39 @@ def test_hybrid_prefers_the_draft_model_when_it_promises_more_than_a_weak_lookup
     # with the model plain (no evidence), the lookup's proposal is verified
     ctrl._plain = True
     assert ctrl.expected_rate() is None
+
+
+# -- probes and catch-ups ------------------------------------------------------------------------------
+
+
+def test_a_probe_waits_while_its_catch_up_would_cost_more_than_its_budget():
+    """On the cliff curve a catch-up of 17 tokens costs the draft 4.4x a token; a probe then waits until it is at most
+    probe_budget (10 %) of the plain time since the last probe. On a flat curve it comes when due."""
+    cliff = Controller(SpecConfig(), costs(CLIFF, 0.6))
+    runs = []
+    for _ in range(200):
+        runs.append(cliff._plain_run)  # plain tokens since the last probe (a fresh controller starts with one due)
+        if cliff.next_k(behind=runs[-1] + 1):
+            break
+    run = runs[-1]
+    assert len(runs) > 1 and run > cliff.base_interval
+    c = cliff.cost
+
+    def probe(r: int) -> float:
+        return cliff.catchup_seconds(r + 1) + 2 * c.c_draft + c.verify(3) - c.verify(1)
+
+    assert probe(run) <= 0.1 * run * c.cycle_time(0) < probe(run - 1) * run / (run - 1)
+    flat = Controller(SpecConfig(), costs(FLAT, 0.6))
+    assert flat.next_k(behind=1) == flat.probe_k  # a fresh controller probes at once
+    assert Controller(SpecConfig(), costs(CLIFF, 0.6)).next_k() == flat.probe_k  # behind unknown: as before
+
+
+def test_expected_rate_counts_the_catch_up():
+    ctrl = confident_controller(FLAT, 0.45, 8)
+    r0 = ctrl.expected_rate()
+    assert r0 is not None
+    assert ctrl.catchup_seconds(1) == 0.0 and ctrl.catchup_seconds(20) > 0
+    r20 = ctrl.expected_rate(ctrl.catchup_seconds(20))
+    assert r20 is not None and r20 < r0
+    dear = confident_controller(CLIFF, 0.8, 8)
+    assert dear.expected_rate(100 * dear.cost.c_draft) is None  # no k pays after such a catch-up

@@ -80,7 +80,7 @@ class ModelSpeculator:
         if self._has_foreign(context):
             return Proposal()
         # the draft decodes context + d_1..d_{k-1}: that must fit its own context window
-        k = self.controller.next_k()
+        k = self.controller.next_k(behind=self._behind(context))
         k = min(self.controller.limit(k), budget, self.model.n_ctx - len(context) + 1)
         if k <= 0:
             return Proposal()
@@ -96,6 +96,18 @@ class ModelSpeculator:
     def stats(self) -> dict[str, Any]:
         return self.controller.stats()
 
+    def expected_rate(self, context: Sequence[int]) -> float | None:
+        """Tokens per second a draft for `context` is expected to deliver now (Controller.expected_rate), counting
+        the catch-up on the tokens the draft has not seen (after lookup or plain cycles); None = it would not draft."""
+        return self.controller.expected_rate(self.controller.catchup_seconds(self._behind(context)))
+
+    def _behind(self, context: Sequence[int]) -> int:
+        """Context tokens the draft would decode before drafting: those after its cache's common prefix with the
+        context (before this object's first draft, its cache is taken as a prefix of the context: a warm start)."""
+        if not self._fed:
+            return max(1, len(context) - min(self.model.n_past, len(context)))
+        return max(1, len(context) - common_prefix(self._fed, context))
+
     # -- drafting -----------------------------------------------------------------------------------------------
     def _has_foreign(self, context: Sequence[int]) -> bool:
         if not self.foreign and len(context) > self._checked:
@@ -108,7 +120,7 @@ class ModelSpeculator:
         prop = Proposal(source=self.name)
         # what the sync will decode: 1-2 tokens in a steady run of drafts, every skipped token after plain or lookup
         # cycles (a batched catch-up, whose cost is not a per-token draft cost: the controller keeps them apart)
-        self._catchup = len(context) - common_prefix(self._fed, context)
+        self._catchup = self._behind(context)
         logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
         history = list(context)
         c = self.constraint
