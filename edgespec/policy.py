@@ -43,8 +43,13 @@ class Controller:
 
     The hardware gate (costs.draft_model_pays) is asked on every next_k, from the live cost model: a drafter that
     cannot pay on this machine drafts nothing (no probes either), and one that the curve later shows can pay is
-    used from then on. When the cost model is frozen (seeded runs) run times are judged on the model's cycle times,
-    never on the clock, so the same seed makes the same decisions.
+    used from then on. Within it every cycle is one decision by expected tokens per second on the curve with the
+    live estimates: plain, or draft k (and, token by token, on past k while the draft's confidence pays, up to
+    draft_max: `limit`). The per-token draft cost is learnt only from steady cycles: a batched catch-up after plain
+    or lookup cycles (observe's n_catchup) is not a per-token cost, and a due probe waits while its catch-up would
+    cost more than `probe_budget` of the plain time since the last probe (next_k's `behind`). When the cost model
+    is frozen (seeded runs) run times are judged on the model's cycle times, never on the clock, so the same seed
+    makes the same decisions.
     """
 
     STEADY_CATCHUP = 2  # tokens a drafter catches up on per cycle in a run of drafts (see observe)
