@@ -32,6 +32,10 @@ _TIE_RTOL = 1e-12
 # that got busy). One slow decode (a hiccup) is not enough.
 SHIFT_FACTOR = 1.6
 SHIFT_RUN = 3
+# The hardware gate (draft_model_pays): a costly drafter is run only where it could beat plain decoding by
+# GATE_MIN_GAIN if every position were accepted with probability GATE_OPTIMISTIC_A.
+GATE_OPTIMISTIC_A = 0.9
+GATE_MIN_GAIN = 0.10
 
 
 def expected_tokens(a: Rates, k: int) -> float:
@@ -261,12 +265,16 @@ def speculation_ceiling(cost: CostModel, k_max: int, k_min: int = 1, optimistic_
     return best_rate([optimistic_a] * k_max, cost, k_max, k_min) * cost.cycle_time(0)
 
 
-def draft_model_pays(cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float = 0.9, min_gain: float = 0.10) -> bool:
+def draft_model_pays(
+    cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float | None = None, min_gain: float | None = None
+) -> bool:
     """The hardware gate: can a costly drafter (a draft model) beat plain decoding by min_gain here, even if every
     position were accepted with probability optimistic_a? A 0.5B draft for a 1.5B target on a 2-core CPU, where a
     4-token verify costs ~2x one token, cannot; probing it would only cost time (the draft must also catch up on
     every token it skipped), so the engine does not run it. Free drafters (lookups) are never gated."""
-    return speculation_ceiling(cost, k_max, k_min, optimistic_a) >= 1.0 + min_gain
+    a = GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
+    gain = GATE_MIN_GAIN if min_gain is None else min_gain
+    return speculation_ceiling(cost, k_max, k_min, a) >= 1.0 + gain
 
 
 __all__ = [

@@ -37,7 +37,7 @@ from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
 from .errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError
-from .estimators import MatchLengthEstimator
+from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, REPO_NAME, ExtraChunk, FimTokens, fim_layout
@@ -106,6 +106,7 @@ class Engine:
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
+        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise (any draft_max)
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._max_token_bytes: int | None = None
@@ -546,7 +547,9 @@ class Engine:
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
-        speculator = make_speculator(kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator)
+        speculator = make_speculator(
+            kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator
+        )
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(

@@ -20,13 +20,14 @@ import numpy as np
 from .config import SpecConfig
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .tree_shape import TreeShape, best_tree, from_conditional
-from .costs import CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
+from . import costs
+from .costs import CostModel, argmax_rate, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
 class Controller:
     """Chooses the draft length of each cycle; see the module docstring for the cost model.
 
-    Protocol, once per cycle: `k = next_k()`; if k > 0 draft up to k tokens, calling
+    Protocol, once per cycle: `k = next_k()`; if k > 0 draft up to limit(k) tokens, calling
     `keep_drafting(i, c)` after the i-th and stopping when it says False; verify; then
     `observe(n_drafted, n_accepted, t_draft, t_verify)`. A next_k() of 0 counts as one plain token (for
     the probe schedule and the estimator's ageing), so observing plain steps is optional; when they are
@@ -42,9 +43,16 @@ class Controller:
 
     The hardware gate (costs.draft_model_pays) is asked on every next_k, from the live cost model: a drafter that
     cannot pay on this machine drafts nothing (no probes either), and one that the curve later shows can pay is
-    used from then on. When the cost model is frozen (seeded runs) run times are judged on the model's cycle times,
-    never on the clock, so the same seed makes the same decisions.
+    used from then on. Within it every cycle is one decision by expected tokens per second on the curve with the
+    live estimates: plain, or draft k (and, token by token, on past k while the draft's confidence pays, up to
+    draft_max: `limit`). The per-token draft cost is learnt only from steady cycles: a batched catch-up after plain
+    or lookup cycles (observe's n_catchup) is not a per-token cost, and a due probe waits while its catch-up would
+    cost more than `probe_budget` of the plain time since the last probe (next_k's `behind`). When the cost model
+    is frozen (seeded runs) run times are judged on the model's cycle times, never on the clock, so the same seed
+    makes the same decisions.
     """
+
+    STEADY_CATCHUP = 2  # tokens a drafter catches up on per cycle in a run of drafts (see observe)
 
     def __init__(
         self,
@@ -56,8 +64,11 @@ class Controller:
         probe_interval: int = 16,
         max_probe_interval: int = 256,
         confidence_weight: float = 0.5,
-        optimistic_a: float = 0.9,
-        min_gain: float = 0.10,
+        optimistic_a: float | None = None,
+        min_gain: float | None = None,
+        extend: bool = True,
+        probe_budget: float = 0.1,
+        draft_margin: float = 0.0,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -73,8 +84,11 @@ class Controller:
         self.base_interval = probe_interval
         self.max_interval = max_probe_interval
         self.confidence_weight = confidence_weight
-        self.optimistic_a = optimistic_a
-        self.min_gain = min_gain
+        self.optimistic_a = costs.GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
+        self.min_gain = costs.GATE_MIN_GAIN if min_gain is None else min_gain
+        self.extend = extend
+        self.probe_budget = probe_budget
+        self.draft_margin = draft_margin
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
@@ -99,7 +113,12 @@ class Controller:
         return self.estimator.rates()[: self.spec.draft_max]
 
     def _best(self) -> int:
-        return best_k(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+        """best_k on the live estimates, 0 unless drafting promises `draft_margin` over plain decoding (default 0:
+        replayed on the cost-curve profiles, a margin of 5-10% lost more where the draft pays than it saved where it
+        barely does)."""
+        table = rates(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+        k = argmax_rate(table)
+        return k if k and table[k] >= (1.0 + self.draft_margin) * table[0] else 0
 
     @property
     def plain(self) -> bool:
@@ -111,8 +130,13 @@ class Controller:
         """Plain tokens between probes at present."""
         return self._interval
 
-    def next_k(self) -> int:
-        """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft."""
+    def next_k(self, behind: int | None = None) -> int:
+        """Draft length for the coming cycle: 0 = plain decoding, else the most tokens to draft.
+
+        behind: how many context tokens the drafter would catch up on before drafting (None = unknown). A probe
+        that is due waits while that catch-up (one batched draft decode, see catchup_seconds) plus the probe itself
+        would cost more than `probe_budget` of the plain decoding time since the last probe: where a batch is dear
+        (a CPU, or a GPU past a kernel cliff) probes come rarer, where it is almost free nothing changes."""
         spec = self.spec
         if spec.draft_max == 0 or self.disabled:
             k = 0
@@ -124,13 +148,29 @@ class Controller:
                 if k == 0:
                     self._enter_plain()
             if self._plain:
-                k = self.probe_k if self._plain_run >= self._interval else 0
+                k = self.probe_k if self._plain_run >= self._interval and self._probe_affordable(behind) else 0
             if k == 0:  # one plain token is about to pass
                 self._plain_run += 1
                 self.estimator.age(1)
         self.decisions[k] += 1
         self._planned = k
         self._confidences = {}
+        return k
+
+    def _probe_affordable(self, behind: int | None) -> bool:
+        if behind is None or self.probe_budget <= 0:
+            return True
+        c = self.cost
+        probe = self.catchup_seconds(behind) + self.probe_k * c.c_draft + c.verify(self.probe_k + 1) - c.verify(1)
+        return probe <= self.probe_budget * self._plain_run * c.cycle_time(0)
+
+    def limit(self, k: int) -> int:
+        """The most tokens a cycle planned at k (next_k) may draft. k is what the estimates alone pay for; while
+        speculating (not a probe, adaptive), the draft's own confidence, token by token, decides in keep_drafting
+        whether to go on past it, up to draft_max (the curve's cost of every extra token, cliffs included, is in
+        that rule). Otherwise k."""
+        if k and self.extend and self.spec.adaptive and not self._plain:
+            return max(k, self.spec.draft_max)
         return k
 
     def keep_drafting(self, position: int, confidence: float) -> bool:
@@ -183,9 +223,17 @@ class Controller:
 
     # -- feedback ------------------------------------------------------------------------------------
 
-    def observe(self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float) -> None:
+    def observe(
+        self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float, *, n_catchup: int | None = None
+    ) -> None:
         """Fold in one finished cycle: n_drafted tokens drafted (0 = a plain step), n_accepted of them
         accepted, t_draft seconds drafting, t_verify seconds in the target decode of n_drafted + 1 tokens.
+
+        n_catchup: how many context tokens the drafter decoded before drafting (None = unknown). A steady run of drafts
+        catches up on 1-2 tokens a cycle (the target's own token, the last accepted draft), which the per-token draft
+        cost covers; a larger catch-up (after plain or lookup cycles) is one batched decode whose time would inflate
+        the per-token cost if divided by n_drafted, and with it every later decision (the draft would look dearer
+        than it is): such a cycle does not update the draft's cost. Its time still counts against the run it starts.
         """
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
@@ -196,7 +244,8 @@ class Controller:
         self.cost.update_verify(n_drafted + 1, t_verify)
         if n_drafted == 0:  # a plain step: next_k already counted it
             return
-        self.cost.update_draft(t_draft / n_drafted)
+        if n_catchup is None or n_catchup <= self.STEADY_CATCHUP:
+            self.cost.update_draft(t_draft / n_drafted)
         self.estimator.update(n_drafted, n_accepted)
         if not self.spec.adaptive:
             return
@@ -210,6 +259,30 @@ class Controller:
         self._run_tokens += n_accepted + 1
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
         self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
+
+    def expected_rate(self, extra_seconds: float = 0.0) -> float | None:
+        """Tokens per second the coming cycle is expected to deliver if it drafts (the best rate over k on the live
+        estimates and costs, the cycle costing extra_seconds more: a catch-up), or None while the controller decodes
+        plainly or cannot draft. Changes nothing."""
+        spec = self.spec
+        if spec.draft_max == 0 or not spec.adaptive or self._plain or self.disabled:
+            return None
+        a = self._a()
+        best, run, e = 0.0, 1.0, 1.0
+        for k in range(1, spec.draft_max + 1):
+            run *= float(a[k - 1])
+            e += run
+            if k >= spec.draft_min:
+                best = max(best, e / (self.cost.cycle_time(k) + extra_seconds))
+        return best if best > 1.0 / self.cost.cycle_time(0) else None
+
+    def catchup_seconds(self, n_tokens: int) -> float:
+        """What catching up on n_tokens context tokens costs beyond the one a drafting cycle always decodes (which
+        c_draft covers): one batched draft decode, shaped like the target's verify curve (the draft's own batch
+        curve is not measured)."""
+        if n_tokens <= 1:
+            return 0.0
+        return max(0.0, self.cost.c_draft * (self.cost.verify(n_tokens) / self.cost.verify(1) - 1.0))
 
     @property
     def ceiling(self) -> float:
@@ -320,6 +393,7 @@ class NgramPolicy(_LookupPolicy):
         self.spec = spec
         self.min_gain = min_gain
         self.k_max = spec.ngram_draft_max if spec.adaptive else spec.draft_max
+        self.last_rate = float("inf")  # expected tokens/s of the last choice (inf: not estimated, fixed k)
         self.decisions: Counter[int] = Counter()
         self.tokens_drafted = 0
         self.tokens_accepted = 0
@@ -336,6 +410,7 @@ class NgramPolicy(_LookupPolicy):
             k = argmax_rate(table)
             if k and table[k] < (1.0 + self.min_gain) * table[0]:
                 k = 0  # the expected gain is within the margin: not worth the risk of a costlier verify
+            self.last_rate = table[k]
         self.decisions[k] += 1
         return k
 

@@ -343,7 +343,9 @@ def speculate(
             stats.record_cycle(n_drafted, n_kept, len(new), source, t1 - t0, t2 - t1)
             if speculator is not None:
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
-                # drafting really costs that, and the policy must see it or it resumes too eagerly.
+                # drafting really costs that, and the policy must see it or it resumes too eagerly (the model
+                # speculator tells its controller how many tokens a draft caught up on, so that a batched catch-up
+                # counts against the run it starts without inflating the per-token draft cost).
                 if forced:  # the speculator sees its own drafts only; the batch size was not its choice: no timing
                     nf = len(forced)
                     own_kept = min(max(0, n_kept - nf), n_own)

@@ -80,6 +80,19 @@ class Curve:
     def draft_factor(self, depth: int) -> float:
         return _depth_factor((self.depth_scale or {}).get("draft"), depth, None)
 
+    def with_draft_relative(self, rel: float) -> "Curve":
+        """The same curve with the draft at `rel` x one target token (its catch-up curve, if any, scaled alike)."""
+        from dataclasses import replace
+
+        if not (rel >= 0 and math.isfinite(rel)):
+            raise ValueError(f"a draft's relative cost must be >= 0, got {rel}")
+        one = self.verify.get(1) or min(self.verify.values())
+        new = rel * one
+        dv = None
+        if self.draft_verify is not None and self.draft > 0:
+            dv = {n: s * new / self.draft for n, s in self.draft_verify.items()} if new > 0 else None
+        return replace(self, draft=new, draft_verify=dv, name=f"{self.name} [draft {rel:g}x]")
+
     def describe(self) -> dict[str, Any]:
         one = self.verify.get(1) or min(self.verify.values())
         return {
@@ -289,13 +302,18 @@ class RecordedDraft:
 
 # --------------------------------------------------------------------------------------------- replay
 class EngineState:
-    """What an Engine carries from one generation to the next: its live verify curve and the draft's cost."""
+    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and the
+    lookups' acceptance by match run."""
 
     def __init__(self, cost: Curve) -> None:
         from edgespec.costs import VerifyCurve
 
+        from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
+
         self.curve = VerifyCurve(cost.verify)
         self.draft_cost = cost.draft
+        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
+        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
 
 
 def run_one(
@@ -319,7 +337,8 @@ def run_one(
     speculator = None
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
-        speculator = make_speculator(kind, spec, sampling, cm, draft)
+        speculator = make_speculator(kind, spec, sampling, cm, draft, run_estimator=state.run_estimator,
+                                     draft_estimator=state.draft_estimator)
         if model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
@@ -547,6 +566,71 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------------------------- profiles
+DEFAULT_PROFILES = HERE / "data" / "curves"
+DEFAULT_RELATIVE = (0.3, 0.45, 0.6, 0.8)
+PROFILE_KINDS = ("model", "model+ngram")
+# issue 23's goals for the default drafter (model+ngram): against its oracle overall and in every suite, against plain
+# decoding in every suite, and where nothing pays (a profile whose name says Q4 on Metal)
+GOALS = {"overall_vs_oracle": 0.90, "suite_vs_oracle": 0.85, "suite_vs_plain": 0.98, "nothing_pays_vs_plain": 0.99}
+
+
+def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], rels: Sequence[float], spec: Any,
+                 suites: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every profile x draft cost x suite (and overall): the default drafter (model+ngram), its oracle, the draft
+    model alone and its oracle."""
+    rows = []
+    for pname, base in curves:
+        for rel in rels:
+            res = predict(data, base.with_draft_relative(rel), spec, suites, kinds=PROFILE_KINDS)
+            for sname, s in list(res["suites"].items()) + [("overall", res["overall"])]:
+                rows.append({
+                    "profile": pname, "draft": rel, "suite": sname, "tokens": s["tokens"],
+                    "default": s["model+ngram"]["speedup"], "oracle_default": s["oracle"]["model+ngram"],
+                    "model": s["model"]["speedup"], "oracle_model": s["oracle"]["model"],
+                    "model_used": res["draft_model_used"],
+                    "default_sources": s["model+ngram"]["sources"],
+                })
+    return rows
+
+
+def goals_check(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per profile: the worst ratios over its draft costs, and whether issue 23's goals hold (see GOALS)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        g = out.setdefault(r["profile"], {"overall_vs_oracle": math.inf, "suite_vs_oracle": math.inf, "suite_vs_plain": math.inf})
+        ratio = r["default"] / r["oracle_default"]
+        if r["suite"] == "overall":
+            g["overall_vs_oracle"] = min(g["overall_vs_oracle"], ratio)
+        else:
+            g["suite_vs_oracle"] = min(g["suite_vs_oracle"], ratio)
+            g["suite_vs_plain"] = min(g["suite_vs_plain"], r["default"])
+    for name, g in out.items():
+        nothing_pays = "q4" in name.lower() and "metal" in name.lower()
+        g["met"] = (g["overall_vs_oracle"] >= GOALS["overall_vs_oracle"] and g["suite_vs_oracle"] >= GOALS["suite_vs_oracle"]
+                    and g["suite_vs_plain"] >= GOALS["nothing_pays_vs_plain" if nothing_pays else "suite_vs_plain"])
+    return out
+
+
+def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = ["profile", "draft", "suite", "default", "oracle m+n", "ratio", "model", "oracle model", "ratio"]
+    body = [[r["profile"], f"{r['draft']:g}", r["suite"], f"{r['default']:.2f}", f"{r['oracle_default']:.2f}",
+             f"{r['default'] / r['oracle_default']:.2f}", f"{r['model']:.2f}" if r["model_used"] else "off",
+             f"{r['oracle_model']:.2f}", f"{r['model'] / r['oracle_model']:.2f}"] for r in rows]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    fmt = lambda r: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
+    lines = [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(b) for b in body]
+    lines += ["", "default = model+ngram (the engine's drafter with a draft model), x plain decoding; oracle m+n = the best "
+              "any policy drafting from the same proposals could do; model = the draft model alone ('off' = the engine "
+              "does not run it on this curve: plain decoding); draft = the draft's cost in target tokens.", "",
+              "goals (worst over the draft costs): default/oracle overall >= 0.90, every suite >= 0.85, default >= 0.98x "
+              "plain in every suite (>= 0.99x on Metal Q4)"]
+    for name, g in goals_check(rows).items():
+        lines.append(f"  {name:<22} overall/oracle {g['overall_vs_oracle']:.3f}  worst suite/oracle {g['suite_vs_oracle']:.3f}  "
+                     f"worst suite x plain {g['suite_vs_plain']:.3f}  {'MET' if g['met'] else 'not met'}")
+    return "\n".join(lines)
+
+
 def load_traces(path: str | Path) -> dict[str, Any]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
@@ -656,7 +740,13 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="subcommand: predict_speedup.py measure TARGET [DRAFT] --out FILE (see measure --help)")
-    ap.add_argument("--curve", action="append", required=True, help="curve file(s) (or bench --json report, or calibration cache)")
+    ap.add_argument("--curve", action="append", default=[], help="curve file(s) (or bench --json report, or calibration cache)")
+    ap.add_argument("--profiles", type=Path, nargs="?", const=DEFAULT_PROFILES, default=None,
+                    help="replay every curve file in this folder (default scripts/data/curves) at every --draft-relative "
+                         "and print one table (profile x draft cost x suite) with the issue-23 goals")
+    ap.add_argument("--draft-relative", default=None,
+                    help="the draft's cost in target tokens, comma-separated (e.g. 0.3,0.45,0.6,0.8): replays each curve at "
+                         "each (default: the curve's own; with --profiles 0.3,0.45,0.6,0.8)")
     ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--draft-max", type=int, default=8)
@@ -676,12 +766,28 @@ def main(argv: list[str] | None = None) -> int:
     if a.ngram_draft_max is not None:
         spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k, ngram_draft_max=a.ngram_draft_max)
     try:
+        rels = [float(x) for x in a.draft_relative.split(",") if x.strip()] if a.draft_relative else []
+        if not a.curve and a.profiles is None:
+            raise ValueError("give --curve FILE or --profiles [DIR]")
         data = load_traces(a.traces)
+        if a.profiles is not None:
+            files = sorted(Path(a.profiles).glob("*.json"))
+            if not files:
+                raise ValueError(f"{a.profiles}: no curve files (*.json)")
+            profiles = [(f.stem, load_curve(f)) for f in files]
         costs = [load_curve(path) for path in a.curve]
         scale = load_curve(a.depth_scale) if a.depth_scale else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2
+    if a.profiles is not None:
+        rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite)
+        print(format_profiles(rows))
+        if a.json:
+            a.json.write_text(json.dumps({"rows": rows, "goals": goals_check(rows)}, indent=1) + "\n")
+        return 0
+    if rels:
+        costs = [c.with_draft_relative(r) for c in costs for r in rels]
     results = []
     for cost in costs:
         if a.overhead is not None:

@@ -30,7 +30,7 @@ import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
 
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
-from edgespec.costs import CostModel  # noqa: E402
+from edgespec.costs import CostModel, VerifyCurve  # noqa: E402
 from edgespec.speculators.model import top_probability  # noqa: E402
 
 FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
@@ -340,3 +340,44 @@ def test_gzip_roundtrip_of_the_trace_format(tmp_path):
     with gzip.open(p, "wt") as f:
         json.dump(data, f)
     assert ps.load_traces(p)["prompts"][0]["trace"] == data["prompts"][0]["trace"]
+
+
+# --------------------------------------------------------------------------------------------- profiles (issue 23)
+def test_curve_profiles_load_and_name_their_sources():
+    files = sorted(ps.DEFAULT_PROFILES.glob("*.json"))
+    assert len(files) >= 7
+    for f in files:
+        raw = json.loads(f.read_text())
+        assert raw.get("source") and raw.get("assumptions") and raw.get("name"), f.name
+        c = ps.load_curve(f)
+        assert set(range(1, 10)) <= set(c.verify) and max(c.verify) >= 16 and c.draft > 0, f.name
+        v = VerifyCurve(c.verify)
+        assert all(v(n + 1) >= v(n) for n in range(1, 17)), f.name
+    a100 = ps.load_curve(ps.DEFAULT_PROFILES / "a100_q8_0.json")
+    assert a100.verify[8] / a100.verify[1] < 2.0 and a100.verify[9] / a100.verify[1] == pytest.approx(3.9)
+
+
+def test_draft_relative_rescales_the_draft_and_its_catch_up_curve():
+    c = ps.Curve(verify=dict(FLAT), draft=0.004, draft_verify={1: 0.004, 4: 0.006})
+    r = c.with_draft_relative(0.8)
+    assert r.draft == pytest.approx(0.008) and r.draft_verify == {1: pytest.approx(0.008), 4: pytest.approx(0.012)}
+    assert c.draft == 0.004 and "0.8" in r.name
+    with pytest.raises(ValueError):
+        c.with_draft_relative(-1)
+
+
+def test_profile_rows_and_goals():
+    data = synthetic_data(5)
+    rows = ps.profile_rows(data, [("flat", ps.Curve(verify=dict(FLAT), draft=0.003)), ("cpu", ps.Curve(verify=dict(CPU), draft=0.02))],
+                           [0.3, 0.8], SpecConfig())
+    assert len(rows) == 2 * 2 * 3  # 2 profiles x 2 draft costs x (2 suites + overall)
+    for r in rows:
+        assert r["default"] <= r["oracle_default"] * (1 + 1e-9) and r["model"] <= r["oracle_model"] * (1 + 1e-9)
+    goals = ps.goals_check(rows)
+    assert set(goals) == {"flat", "cpu"} and all(isinstance(g["met"], bool) for g in goals.values())
+    text = ps.format_profiles(rows)
+    assert "flat" in text and "goals" in text
+    made = [{"profile": "gpu", "draft": 0.3, "suite": s, "default": 0.985, "oracle_default": 1.0} for s in ("a", "overall")]
+    assert ps.goals_check(made)["gpu"]["met"]  # >= 0.98x plain and >= 0.90x the oracle
+    made = [dict(r, profile="apple_metal_q4") for r in made]
+    assert not ps.goals_check(made)["apple_metal_q4"]["met"]  # where nothing pays: >= 0.99x plain

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..config import SamplingParams, SpecConfig
 from ..costs import CostModel, draft_model_pays
 from ..ngram import NgramIndex
-from ..estimators import MatchLengthEstimator
+from ..estimators import AcceptanceEstimator, MatchLengthEstimator
 from ..policy import Controller, NgramPolicy, TreePolicy
 from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
@@ -43,12 +43,14 @@ def make_speculator(
     draft_model: DraftModel | None = None,
     memory: SuffixIndex | None = None,
     run_estimator: MatchLengthEstimator | None = None,
+    draft_estimator: AcceptanceEstimator | None = None,
 ) -> Speculator | None:
     """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
     model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
     pay on this hardware, "model+ngram" is the lookup alone and "model" is plain decoding: the draft does no work.
     run_estimator: how reliable lookups are by match run, learnt so far (the engine keeps one across generations:
-    a new generation need not learn it again)."""
+    a new generation need not learn it again); draft_estimator: the same for the draft model's acceptance by position
+    (covering at least spec.draft_max positions, else a fresh one is used)."""
     if kind not in KINDS:
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "none" or spec.draft_max == 0:
@@ -64,7 +66,9 @@ def make_speculator(
         return lookup
     if draft_model is None:
         raise ValueError(f"speculator {kind!r} needs a draft model")
-    model = ModelSpeculator(draft_model, sampling, Controller(spec, cost), spec.draft_temperature)
+    if draft_estimator is not None and draft_estimator.k_max < spec.draft_max:
+        draft_estimator = None  # learnt for shorter drafts than this generation's: start afresh
+    model = ModelSpeculator(draft_model, sampling, Controller(spec, cost, estimator=draft_estimator), spec.draft_temperature)
     return model if lookup is None else HybridSpeculator(model, lookup)
 
 

@@ -23,6 +23,15 @@ class HybridSpeculator:
 
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator) -> Proposal:
         p = self.lookup.propose(context, budget, rng)
+        if len(p) and isinstance(self.lookup, LookupSpeculator):
+            # one decision per cycle: the lookup's proposal unless the draft model is expected to deliver more tokens
+            # per second now (its estimates, the curve, its own cost and its catch-up on the tokens it has not seen);
+            # a declined lookup is still scored (shadow)
+            rate_of = getattr(self.model, "expected_rate", None)
+            model_rate = rate_of(context) if rate_of is not None else None
+            if model_rate is not None and model_rate > self.lookup.last_rate:
+                self.lookup.withdraw()
+                p = Proposal()
         if not len(p):
             p = self.model.propose(context, budget, rng)
         self._last = p.source if len(p) else None

@@ -31,6 +31,7 @@ class LookupSpeculator:
         self.policy = policy
         self._run = 0  # the run of the proposal being verified (0 = none)
         self._shadow: tuple[int, int, int] | None = None  # (run, position, proposed token) of a declined proposal
+        self._first: tuple[int, int, int] | None = None  # the same for the proposal being verified
 
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | None = None) -> Proposal:
         self._score_shadow(context)
@@ -43,7 +44,19 @@ class LookupSpeculator:
             self._shadow = (match.run, len(self.index.tokens), match.tokens[0])
             return Proposal()
         self._run = match.run
+        self._first = (match.run, len(self.index.tokens), match.tokens[0])
         return Proposal(tokens=list(match.tokens[:n]), q=[None] * n, source=self.name)
+
+    @property
+    def last_rate(self) -> float:
+        """Expected tokens per second of the proposal just made (the policy's estimate)."""
+        return self.policy.last_rate
+
+    def withdraw(self) -> None:
+        """The proposal just made will not be verified (another drafter's will): score it as a declined one."""
+        if self._run:
+            self._shadow = self._first
+        self._run = 0
 
     def observe(self, outcome: Outcome) -> None:
         if outcome.n_drafted and self._run:

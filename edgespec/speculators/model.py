@@ -12,6 +12,7 @@ import numpy as np
 from ..config import SamplingParams
 from ..constraint import TokenConstraint, apply_mask
 from ..policy import Controller
+from ..prompt_cache import common_prefix
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
 from .base import Outcome, Proposal
@@ -71,22 +72,41 @@ class ModelSpeculator:
         self._checked = 0  # context tokens already checked against the draft's vocabulary
         self.constraint: TokenConstraint | None = None
         self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
+        self._fed: list[int] = []  # the tokens the draft model has decoded (its cache), as far as this object knows
+        self._catchup = 0  # context tokens the last draft had to catch up on before drafting
 
     # -- the contract -------------------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
         if self._has_foreign(context):
             return Proposal()
         # the draft decodes context + d_1..d_{k-1}: that must fit its own context window
-        k = min(self.controller.next_k(), budget, self.model.n_ctx - len(context) + 1)
+        k = self.controller.next_k(behind=self._behind(context))
+        k = min(self.controller.limit(k), budget, self.model.n_ctx - len(context) + 1)
         if k <= 0:
             return Proposal()
         return self._draft(context, k, rng)
 
     def observe(self, outcome: Outcome) -> None:
-        self.controller.observe(outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify)
+        self.controller.observe(
+            outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify,
+            n_catchup=self._catchup if outcome.n_drafted else None,
+        )
+        self._catchup = 0
 
     def stats(self) -> dict[str, Any]:
         return self.controller.stats()
+
+    def expected_rate(self, context: Sequence[int]) -> float | None:
+        """Tokens per second a draft for `context` is expected to deliver now (Controller.expected_rate), counting
+        the catch-up on the tokens the draft has not seen (after lookup or plain cycles); None = it would not draft."""
+        return self.controller.expected_rate(self.controller.catchup_seconds(self._behind(context)))
+
+    def _behind(self, context: Sequence[int]) -> int:
+        """Context tokens the draft would decode before drafting: those after its cache's common prefix with the
+        context (before this object's first draft, its cache is taken as a prefix of the context: a warm start)."""
+        if not self._fed:
+            return max(1, len(context) - min(self.model.n_past, len(context)))
+        return max(1, len(context) - common_prefix(self._fed, context))
 
     # -- drafting -----------------------------------------------------------------------------------------------
     def _has_foreign(self, context: Sequence[int]) -> bool:
@@ -98,6 +118,9 @@ class ModelSpeculator:
 
     def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
         prop = Proposal(source=self.name)
+        # what the sync will decode: 1-2 tokens in a steady run of drafts, every skipped token after plain or lookup
+        # cycles (a batched catch-up, whose cost is not a per-token draft cost: the controller keeps them apart)
+        self._catchup = self._behind(context)
         logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
         history = list(context)
         c = self.constraint
@@ -123,6 +146,7 @@ class ModelSpeculator:
         finally:
             if c is not None:
                 c.rollback(advanced)
+            self._fed = list(context) + prop.tokens[:-1]
         return prop
 
     def _pick(
