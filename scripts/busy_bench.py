@@ -8,6 +8,7 @@ Systems, each in its own process (loaded once, then fed prompts one at a time ov
 
 * ``edgespec``        the defaults: threads chosen by the engine, the default drafter (model + n-gram with a draft);
 * ``edgespec-plain``  the same engine decoding plainly (``speculative=False``);
+* ``edgespec-plain-Nt`` (not run by default) plain decoding with all cores fixed: what the thread tuner costs;
 * ``llama-1t``        llama-cpp-python's ``Llama.create_completion`` with 1 thread (what its user gets);
 * ``llama-Nt``        the same with all cores.
 
@@ -77,7 +78,8 @@ def worker(system: str, target: str, draft: str | None, n_ctx: int) -> None:
     else:
         from edgespec import Engine, ModelSpec, SamplingParams
 
-        eng = Engine.load(ModelSpec(target, n_ctx=n_ctx), ModelSpec(draft, n_ctx=n_ctx) if draft else None)
+        fixed = n_cores if system == "edgespec-plain-Nt" else None  # threads fixed: what the tuner costs or saves
+        eng = Engine.load(ModelSpec(target, n_ctx=n_ctx, n_threads=fixed), ModelSpec(draft, n_ctx=n_ctx) if draft else None)
         speculative = system == "edgespec"
 
         def run(ids: list[int], max_tokens: int) -> dict[str, Any]:
