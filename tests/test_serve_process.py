@@ -80,8 +80,11 @@ def test_serve_refuses_an_unsendable_key_in_one_line(tiny):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "no client could send this key" in p.stderr, p.stderr
 
 
-def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
+def _two_ctrl_cs(tiny, tmp_path, monkeypatch, attempt: int) -> tuple[int, str, Path]:
+    """One serve process over a suffix drafter, a streaming request and a request whose body never comes, then two
+    Ctrl-Cs 0.8 s apart: (return code, stderr, the cache folder)."""
+    cache = tmp_path / f"cache{attempt}"
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(cache))
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("abc abc abc abc " * 50)
     s = ServeProcess(["--target", str(tiny["target"]), "--drafter", "suffix", "--ctx", "512", "--threads", "1", "--log-level", "info",
@@ -96,7 +99,7 @@ def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path,
     # and a request whose body never comes: uvicorn waits for it after the first Ctrl-C, the second one forces the exit
     half = socket.create_connection(("127.0.0.1", port), timeout=30)
     half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")
-    time.sleep(0.3)
+    time.sleep(1.0)  # the server reads the half request's headers: a request in progress, not an idle connection
     s.proc.send_signal(signal.SIGINT)
     time.sleep(0.8)  # inside uvicorn's wait for connections to close (up to 3 s)
     s.proc.send_signal(signal.SIGINT)
@@ -106,10 +109,21 @@ def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path,
         c.close()
         half.close()
     time.sleep(0.2)  # the stderr reader thread catches up
-    err = "".join(s.lines)
-    assert "Traceback" not in err and "Exception in" not in err, err
-    assert s.proc.returncode in (130, -signal.SIGINT), (s.proc.returncode, err)
-    assert list((tmp_path / "cache" / "suffix").glob("*.idx")), err  # the shutdown ran: the memory was saved
+    return s.proc.returncode, "".join(s.lines), cache
+
+
+def test_two_ctrl_cs_end_serve_quietly_and_still_save_the_memory(tiny, tmp_path, monkeypatch):
+    """On a busy machine the first Ctrl-C can finish the whole shutdown before the second comes (the server had not
+    read the half request yet: an idle connection is closed at once); that run must be clean too (exit 0), and the
+    two-Ctrl-C path is tried again, up to 3 times in all, until it was really taken (exit 130)."""
+    for attempt in range(3):
+        rc, err, cache = _two_ctrl_cs(tiny, tmp_path, monkeypatch, attempt)
+        assert "Traceback" not in err and "Exception in" not in err, err
+        assert list((cache / "suffix").glob("*.idx")), err  # the shutdown ran: the memory was saved
+        if rc != 0:
+            break
+        assert "Application shutdown complete" in err, err  # one Ctrl-C was enough: a clean, complete shutdown
+    assert rc in (130, -signal.SIGINT), (rc, err)
 
 
 def test_a_body_that_would_tokenize_to_millions_of_ids_is_refused_before_tokenizing(keyed):
