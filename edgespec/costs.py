@@ -225,8 +225,9 @@ class CostModel:
         }
 
 
-def rates(a: Rates, cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, float]:
-    """{k: E(k) / T(k)} for k = 0 and k_min..k_max (k_max clipped to len(a))."""
+def rates(a: Rates, cost: CostModel, k_max: int, k_min: int = 1, extra: float = 0.0) -> dict[int, float]:
+    """{k: E(k) / T(k)} for k = 0 and k_min..k_max (k_max clipped to len(a)); a drafting cycle (k >= 1) costing
+    `extra` seconds more (a catch-up) when given."""
     k_max = min(k_max, len(a))
     out = {0: 1.0 / cost.cycle_time(0)}
     run, e = 1.0, 1.0
@@ -234,7 +235,7 @@ def rates(a: Rates, cost: CostModel, k_max: int, k_min: int = 1) -> dict[int, fl
         run *= float(a[k - 1])
         e += run
         if k >= k_min:
-            out[k] = e / cost.cycle_time(k)
+            out[k] = e / (cost.cycle_time(k) + extra)
     return out
 
 
@@ -266,15 +267,13 @@ def speculation_ceiling(cost: CostModel, k_max: int, k_min: int = 1, optimistic_
 
 
 def draft_model_pays(
-    cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float | None = None, min_gain: float | None = None
+    cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float = GATE_OPTIMISTIC_A, min_gain: float = GATE_MIN_GAIN
 ) -> bool:
     """The hardware gate: can a costly drafter (a draft model) beat plain decoding by min_gain here, even if every
     position were accepted with probability optimistic_a? A 0.5B draft for a 1.5B target on a 2-core CPU, where a
     4-token verify costs ~2x one token, cannot; probing it would only cost time (the draft must also catch up on
     every token it skipped), so the engine does not run it. Free drafters (lookups) are never gated."""
-    a = GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
-    gain = GATE_MIN_GAIN if min_gain is None else min_gain
-    return speculation_ceiling(cost, k_max, k_min, a) >= 1.0 + gain
+    return speculation_ceiling(cost, k_max, k_min, optimistic_a) >= 1.0 + min_gain
 
 
 __all__ = [

@@ -20,8 +20,7 @@ import numpy as np
 from .config import SpecConfig
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .tree_shape import TreeShape, best_tree, from_conditional
-from . import costs
-from .costs import CostModel, argmax_rate, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
+from .costs import GATE_MIN_GAIN, GATE_OPTIMISTIC_A, CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
 class Controller:
@@ -64,11 +63,10 @@ class Controller:
         probe_interval: int = 16,
         max_probe_interval: int = 256,
         confidence_weight: float = 0.5,
-        optimistic_a: float | None = None,
-        min_gain: float | None = None,
+        optimistic_a: float = GATE_OPTIMISTIC_A,
+        min_gain: float = GATE_MIN_GAIN,
         extend: bool = True,
         probe_budget: float = 0.1,
-        draft_margin: float = 0.0,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -84,11 +82,10 @@ class Controller:
         self.base_interval = probe_interval
         self.max_interval = max_probe_interval
         self.confidence_weight = confidence_weight
-        self.optimistic_a = costs.GATE_OPTIMISTIC_A if optimistic_a is None else optimistic_a
-        self.min_gain = costs.GATE_MIN_GAIN if min_gain is None else min_gain
+        self.optimistic_a = optimistic_a
+        self.min_gain = min_gain
         self.extend = extend
         self.probe_budget = probe_budget
-        self.draft_margin = draft_margin
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
@@ -113,12 +110,7 @@ class Controller:
         return self.estimator.rates()[: self.spec.draft_max]
 
     def _best(self) -> int:
-        """best_k on the live estimates, 0 unless drafting promises `draft_margin` over plain decoding (default 0:
-        replayed on the cost-curve profiles, a margin of 5-10% lost more where the draft pays than it saved where it
-        barely does)."""
-        table = rates(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
-        k = argmax_rate(table)
-        return k if k and table[k] >= (1.0 + self.draft_margin) * table[0] else 0
+        return best_k(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
 
     @property
     def plain(self) -> bool:
@@ -267,14 +259,9 @@ class Controller:
         spec = self.spec
         if spec.draft_max == 0 or not spec.adaptive or self._plain or self.disabled:
             return None
-        a = self._a()
-        best, run, e = 0.0, 1.0, 1.0
-        for k in range(1, spec.draft_max + 1):
-            run *= float(a[k - 1])
-            e += run
-            if k >= spec.draft_min:
-                best = max(best, e / (self.cost.cycle_time(k) + extra_seconds))
-        return best if best > 1.0 / self.cost.cycle_time(0) else None
+        table = rates(self._a(), self.cost, spec.draft_max, spec.draft_min, extra=extra_seconds)
+        best = max((r for k, r in table.items() if k), default=0.0)
+        return best if best > table[0] else None
 
     def catchup_seconds(self, n_tokens: int) -> float:
         """What catching up on n_tokens context tokens costs beyond the one a drafting cycle always decodes (which
