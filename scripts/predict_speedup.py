@@ -55,6 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to this script
 
 from record_traces import continuation  # noqa: E402
+from edgespec.fsutil import atomic_write_text  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
 KINDS = ("model", "ngram", "model+ngram")
@@ -730,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv[1:])
         depths = [int(x) for x in a.depths.split(",") if x.strip()]
         res = measure(a.target, a.draft, a.n_gpu_layers, parse_sizes(a.sizes), a.rounds, a.threads, depths)
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write_text(Path(a.out), json.dumps(res, indent=1) + "\n")
         one = res["verify"]["1"]
         print(f"wrote {a.out}: 1 token {1000 * one:.2f} ms, " + " ".join(
             f"{n}:{s / one:.2f}" for n, s in res["verify"].items() if int(n) in (2, 4, 8, 16, 32, 64)
@@ -784,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite)
         print(format_profiles(rows))
         if a.json:
-            a.json.write_text(json.dumps({"rows": rows, "goals": goals_check(rows)}, indent=1) + "\n")
+            atomic_write_text(Path(a.json), json.dumps({"rows": rows, "goals": goals_check(rows)}, indent=1) + "\n")
         return 0
     if rels:
         costs = [c.with_draft_relative(r) for c in costs for r in rels]
@@ -800,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(res))
         print()
     if a.json:
-        a.json.write_text(json.dumps(results, indent=1) + "\n")
+        atomic_write_text(Path(a.json), json.dumps(results, indent=1) + "\n")
     return 0
 
 
