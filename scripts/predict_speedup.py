@@ -260,6 +260,11 @@ class RecordedDraft:
     def n_past(self) -> int:
         return len(self.cached)
 
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        from edgespec.prompt_cache import common_prefix
+
+        return common_prefix(self.cached, tokens)
+
     def batch_cost(self, n: int) -> float:
         base = self.cost.draft if n <= 1 else self.curve(n) * self._scale
         return base * self.cost.draft_factor(len(self.cached) + n)

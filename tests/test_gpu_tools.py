@@ -31,6 +31,7 @@ import record_traces as rt  # noqa: E402
 
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
 from edgespec.costs import CostModel, VerifyCurve  # noqa: E402
+from edgespec.prompt_cache import common_prefix  # noqa: E402
 from edgespec.speculators.model import top_probability  # noqa: E402
 
 FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
@@ -51,6 +52,9 @@ class RuleDraft:
     @property
     def n_past(self) -> int:
         return len(self.cached)
+
+    def common_prefix(self, tokens) -> int:
+        return common_prefix(self.cached, tokens)
 
     def reset(self) -> None:
         self.cached = []

@@ -17,6 +17,7 @@ from shared import chi_square
 
 from edgespec.config import SamplingParams
 from edgespec.errors import ContextFullError, StopRequested
+from edgespec.prompt_cache import common_prefix
 from edgespec.sampling import PositionalUniforms, sample, warp
 from edgespec.speculate import speculate
 from edgespec.speculators import Outcome, Proposal
@@ -44,6 +45,9 @@ class FakeModel:
     @property
     def n_past(self) -> int:
         return len(self.cached)
+
+    def common_prefix(self, tokens) -> int:
+        return common_prefix(self.cached, tokens)
 
     def logits(self, context: list[int]) -> np.ndarray:
         last = context[-1]

@@ -16,6 +16,7 @@ from edgespec.costs import CostModel, best_rate, draft_model_pays
 from edgespec.estimators import AcceptanceEstimator
 from edgespec.ngram import NgramIndex
 from edgespec.policy import Controller, NgramPolicy
+from edgespec.prompt_cache import common_prefix
 from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, make_speculator
 from edgespec.speculators.model import top_probability
 
@@ -154,6 +155,9 @@ class _Draft:
     @property
     def n_past(self) -> int:
         return len(self.cached)
+
+    def common_prefix(self, tokens) -> int:
+        return common_prefix(self.cached, tokens)
 
     def _row(self) -> np.ndarray:
         row = np.full(self.n_vocab, -10.0, dtype=np.float32)

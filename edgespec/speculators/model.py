@@ -12,7 +12,6 @@ import numpy as np
 from ..config import SamplingParams
 from ..constraint import TokenConstraint, apply_mask
 from ..policy import Controller
-from ..prompt_cache import common_prefix
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
 from .base import Outcome, Proposal
@@ -32,6 +31,10 @@ class DraftModel(Protocol):
     def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray: ...
 
     def is_eog(self, token: int) -> bool: ...
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading `tokens` the model's cache holds (what `sync` would not decode again)."""
+        ...
 
 
 def top_probability(logits: np.ndarray) -> float:
@@ -72,7 +75,6 @@ class ModelSpeculator:
         self._checked = 0  # context tokens already checked against the draft's vocabulary
         self.constraint: TokenConstraint | None = None
         self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
-        self._fed: list[int] = []  # the tokens the draft model has decoded (its cache), as far as this object knows
         self._catchup = 0  # context tokens the last draft had to catch up on before drafting
 
     # -- the contract -------------------------------------------------------------------------------------------
@@ -103,10 +105,8 @@ class ModelSpeculator:
 
     def _behind(self, context: Sequence[int]) -> int:
         """Context tokens the draft would decode before drafting: those after its cache's common prefix with the
-        context (before this object's first draft, its cache is taken as a prefix of the context: a warm start)."""
-        if not self._fed:
-            return max(1, len(context) - min(self.model.n_past, len(context)))
-        return max(1, len(context) - common_prefix(self._fed, context))
+        context (the model's own cache is the truth of what `sync` decodes; at least the last token is decoded)."""
+        return max(1, len(context) - self.model.common_prefix(context))
 
     # -- drafting -----------------------------------------------------------------------------------------------
     def _has_foreign(self, context: Sequence[int]) -> bool:
@@ -146,7 +146,6 @@ class ModelSpeculator:
         finally:
             if c is not None:
                 c.rollback(advanced)
-            self._fed = list(context) + prop.tokens[:-1]
         return prop
 
     def _pick(
