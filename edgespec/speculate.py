@@ -27,7 +27,9 @@ after the masks are computed and then advanced along the tokens the cycle adds. 
 grammar forces next open every cycle's draft as deterministic drafts (q = None); where the mask allows that token
 alone its p is 1 and it is accepted without fail, so forced scaffolding (braces, keys, quotes) costs one batched
 decode instead of one decode per token. The speculator drafts after them (it is asked for the context + forced
-tokens). A constraint that dead-ends stops the generation with stop_reason "constraint".
+tokens). On every path a row whose mask allows one token is not computed at all (_known_rows): its distribution is
+fixed, and llama.cpp skips the output projection for it. A constraint that dead-ends stops the generation with
+stop_reason "constraint".
 """
 
 from __future__ import annotations
@@ -313,14 +315,16 @@ def speculate(
                     target.truncate(L - 1)
                     pending = None
                 new, n_drafted, n, rows = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None)
+                skipped = 0
             else:
-                new, n_drafted, n, rows = _chain_cycle(
+                new, n_drafted, n, rows, skipped = _chain_cycle(
                     target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None
                 )
                 pending = None
             t2 = clock()
-            # the first cycle's decode is not a verify of n_drafted + 1 tokens: its time must not teach the costs
-            t_verify = t2 - t1 if stats.n_cycles else 0.0
+            # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
+            # rows, see _known_rows): their time must not teach the costs
+            t_verify = t2 - t1 if stats.n_cycles and not skipped else 0.0
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
             if eog_at is not None:
                 new = new[: eog_at + 1]
@@ -411,6 +415,42 @@ def _chain_masks(constraint: TokenConstraint, draft: Sequence[int]) -> tuple[lis
     return masks, n
 
 
+# Rows of a chain verify whose mask allows one token are not computed (see _known_rows); False computes every row
+# (tests compare the two).
+SKIP_KNOWN_ROWS = True
+
+
+def _known_rows(masks: Sequence[np.ndarray], n_decode: int, n_vocab: int) -> dict[int, int]:
+    """{row: token} for the verify rows 0..n_decode whose mask allows exactly one token (below n_vocab). There the
+    masked distribution is that token with probability 1 whatever the target's logits are (every other logit is -inf
+    before `warp`; penalties, temperature and the filters keep a single finite logit the only one), so the row needs
+    no output from the target: llama.cpp then skips the output projection for it, most of a row's cost on a CPU
+    (the vocabulary is large). Grammar scaffolding (keys, braces, quotes) is such rows."""
+    out = {}
+    for i, m in enumerate(masks[: n_decode + 1]):
+        if m is not None and np.count_nonzero(m) == 1:
+            t = int(np.argmax(m))
+            if t < n_vocab:
+                out[i] = t
+    return out
+
+
+def _decode_rows(target: LanguageModel, tokens: Sequence[int], start_pos: int, known: dict[int, int]) -> np.ndarray:
+    """target.decode(tokens, start_pos, every row), except that a row in `known` ({row: token}) is not computed and
+    stands as a one-hot logits row (0 at its token, -inf elsewhere): after its mask, the same distribution."""
+    n = len(tokens)
+    if not known:
+        return target.decode(tokens, start_pos, range(n))
+    need = [i for i in range(n) if i not in known]
+    got = target.decode(tokens, start_pos, need)
+    out = np.full((n, target.n_vocab), -np.inf, dtype=np.float32)
+    for j, i in enumerate(need):
+        out[i] = got[j]
+    for i, t in known.items():
+        out[i, t] = 0.0
+    return out
+
+
 def _chain_cycle(
     target: LanguageModel,
     proposal: Proposal,
@@ -422,9 +462,9 @@ def _chain_cycle(
     pending: np.ndarray | None,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
-) -> tuple[list[int], int, int, list[np.ndarray] | None]:
-    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept, and with want_rows the
-    masked logits row of each added token)."""
+) -> tuple[list[int], int, int, list[np.ndarray] | None, int]:
+    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept, with want_rows the
+    masked logits row of each added token, and how many rows the target did not compute: see _known_rows)."""
     L = len(ctx)
     draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
     masks: list[np.ndarray] | None = None
@@ -436,16 +476,18 @@ def _chain_cycle(
                 draft, q, n_decode = draft[:n_ok], q[:n_ok], n_ok
             else:  # forbidden: a certain rejection, never decoded, and nothing after it
                 draft, q, n_decode = draft[: n_ok + 1], q[: n_ok + 1], n_ok
+    known = _known_rows(masks, n_decode, target.n_vocab) if masks is not None and SKIP_KNOWN_ROWS else {}
     if pending is None:  # the cache holds all but the last token, which opens the verify batch
-        logits = target.decode([ctx[-1]] + draft[:n_decode], L - 1, range(n_decode + 1))
+        logits = _decode_rows(target, [ctx[-1]] + draft[:n_decode], L - 1, known)
     else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
-        rows = target.decode(draft[:n_decode], L, range(n_decode)) if n_decode else pending[:0]
+        shifted = {i - 1: t for i, t in known.items() if i}
+        rows = _decode_rows(target, draft[:n_decode], L, shifted) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
     verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks)
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
-    return draft[:n] + [verdict.token], len(draft), n, own_rows
+    return draft[:n] + [verdict.token], len(draft), n, own_rows, len(known) - (1 if pending is not None and 0 in known else 0)
 
 
 class _TreeRows(Sequence[Any]):
@@ -502,7 +544,7 @@ def _tree_cycle(
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
-        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)
+        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)[:4]
     masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
     tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
     logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)

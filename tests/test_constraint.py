@@ -279,6 +279,58 @@ def test_forced_drafts_save_decodes(models):
     assert fast.n_cycles < plain.n_cycles / 2, (fast.n_cycles, plain.n_cycles)
 
 
+class RowRecorder:
+    """A target that records which logits rows every decode asked for (and forwards everything to the real one)."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.requested: list[tuple[int, int]] = []  # (tokens decoded, rows asked for) per decode
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def decode(self, tokens, start_pos, rows=(-1,)):
+        rows = list(rows)
+        self.requested.append((len(tokens), len(rows)))
+        return self.model.decode(tokens, start_pos, rows)
+
+
+@pytest.mark.parametrize("how", ["forced", "draft+forced", "plain"])
+def test_rows_the_grammar_fixes_are_not_computed_and_nothing_changes(models, monkeypatch, how):
+    """Where a row's mask allows one token, the verify does not ask the target for that row (speculate._known_rows);
+    the tokens are the same as when every row is computed, and the logprobs up to float noise: 20 seeds at
+    temperature 1.5 and 20 greedy runs, for forced drafts alone, forced drafts with a draft model, and plain steps."""
+    import edgespec.speculate as S
+
+    target = models["target"]
+    m = matcher(target, Constraint.regex(r"[ab]xyz[a-h]{2}qq"))
+    rows_asked = {}
+    for skip in (True, False):
+        monkeypatch.setattr(S, "SKIP_KNOWN_ROWS", skip)
+        rec = RowRecorder(target)
+        outs = []
+        for temperature in (1.5, 0.0):
+            sp = SamplingParams(temperature=temperature)
+            for seed in range(20):
+                reset(m)
+                spec = model_speculator(models["draft"], sp, 3) if how == "draft+forced" else None
+                steps = list(S.speculate(rec, PROMPT, sp, np.random.default_rng(seed), max_tokens=12, speculator=spec,
+                                         constraint=m, forced_drafts=how != "plain", logprobs=2))
+                toks = [t for st in steps for t in st.tokens]
+                assert re.fullmatch(r"[ab]xyz[a-h]{2}qq", text_of(target, toks))
+                outs.append((toks, [(lp.token, lp.logprob, [t for t, _ in lp.top]) for st in steps for lp in st.logprobs or []]))
+        rows_asked[skip] = (outs, sum(r for _, r in rec.requested), sum(n for n, _ in rec.requested))
+    (out_skip, rows_skip, decoded_skip), (out_all, rows_all, decoded_all) = rows_asked[True], rows_asked[False]
+    # the same tokens; logprobs equal up to float noise (fewer output rows change llama.cpp's batch shapes a little)
+    for (toks_a, lps_a), (toks_b, lps_b) in zip(out_skip, out_all):
+        assert toks_a == toks_b and len(lps_a) == len(lps_b)
+        for (ta, la, topa), (tb, lb, topb) in zip(lps_a, lps_b):
+            assert ta == tb and topa == topb and abs(la - lb) < 1e-3
+    assert decoded_skip == decoded_all  # the same tokens went through the target
+    # "xyz" and "qq" are fixed by the grammar: at least 4 of their 5 rows per run are not computed (40 runs)
+    assert rows_skip <= rows_all - 4 * 40, (rows_skip, rows_all)
+
+
 @pytest.mark.parametrize("kind", ["json_schema", "regex", "lark"])
 def test_greedy_speculative_equals_plain(models, kind):
     c, _, which, max_tokens = VALIDITY[kind]
