@@ -32,7 +32,7 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from .chat_template import clip_segments
 from .config import SamplingParams, check_stop
@@ -42,6 +42,7 @@ from .fsutil import atomic_write_text, read_json_file
 from .stats import GenerationStats, Totals
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .constraint import Constraint
     from .engine import Chunk, Engine, Generation
 
 MIN_ANSWER_TOKENS = 16  # with no history left, a message is accepted if at least this many answer tokens fit
@@ -246,9 +247,13 @@ class ChatSession:
         toks = self.engine.segment_tokens(segments, add_bos=True)
         return toks, text, len(toks), False
 
-    def send(self, text: str) -> Turn:
+    def send(self, text: str, *, constraint: Constraint | Mapping[str, Any] | None = None) -> Turn:
         """Add a user message and start the answer. Iterate the returned Turn for Chunks (or call .result());
-        the answer is recorded in the conversation when it ends or is closed."""
+        the answer is recorded in the conversation when it ends or is closed.
+
+        constraint: what this answer must look like (a constraint.Constraint, or an OpenAI `response_format` dict),
+        as Engine.stream takes it; the answer joins the conversation as text like any other. A constraint that
+        cannot be used raises ChatError before anything changes."""
         if not isinstance(text, str):
             raise ChatError("a message must be text")
         try:
@@ -267,7 +272,8 @@ class ChatSession:
         max_tokens = max(1, min(self.max_tokens, self.n_ctx - len(tokens)))
         try:
             gen = self.engine.stream(
-                tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative
+                tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative,
+                constraint=constraint,
             )
         except ConfigError as e:
             raise ChatError(str(e)) from None

@@ -426,3 +426,24 @@ def test_save_never_replaces_a_device_or_a_symlink(engine, tmp_path):
     link.symlink_to(real)
     s.save(link)
     assert link.is_symlink() and json.loads(real.read_text())["messages"][0]["content"] == "hi"
+
+
+def test_a_turn_can_be_constrained_and_a_bad_constraint_changes_nothing(engine):
+    """send(text, constraint=...): the answer matches the constraint (20 seeds, temperature 1) and joins the
+    conversation; an unusable constraint is a ChatError with the conversation as it was."""
+    from edgespec.constraint import Constraint
+
+    s = ChatSession(engine, sampling=SamplingParams(temperature=1.0, seed=3), max_tokens=40)
+    s.send("first").result()
+    before = (list(s.messages), list(s.tokens))
+    with pytest.raises(ChatError, match="allows no output"):
+        s.send("x", constraint=Constraint.regex("[^\\x00-\\U0010ffff]"))
+    with pytest.raises(ChatError):
+        s.send("x", constraint={"type": "json_schema"})  # an OpenAI response_format without its schema
+    assert (s.messages, s.tokens) == before
+    for seed in range(20):
+        s.sampling = SamplingParams(temperature=1.0, seed=seed)
+        turn = s.send("pick", constraint=Constraint.regex(r"(ab|cd)[e-h]{2}")).result()
+        assert re.fullmatch(r"(ab|cd)[e-h]{2}", turn.text), turn.text
+        assert s.messages[-1] == {"role": "assistant", "content": turn.text}
+    assert s.send("free again").result().finish_reason in ("length", "stop")
