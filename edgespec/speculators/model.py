@@ -105,7 +105,7 @@ class ModelSpeculator:
 
     def _behind(self, context: Sequence[int]) -> int:
         """Context tokens the draft would decode before drafting: those after its cache's common prefix with the
-        context (the model's own cache is the truth of what `sync` decodes; at least the last token is decoded)."""
+        context, asked of the model itself (no copy of its cache is kept here); at least the last token is decoded."""
         return max(1, len(context) - self.model.common_prefix(context))
 
     # -- drafting -----------------------------------------------------------------------------------------------
