@@ -21,6 +21,9 @@ prefill + plain decode, speculative = target prefill + the draft's prefill + spe
 rate of the middle (whitespace at both ends ignored) for each mode (greedy speculative output equals plain output
 token for token, so the two rates agree; "spec = plain" checks it).
 
+--reps N times each mode N times per prompt (alternating) and counts the median decode time: a middle of a few
+tokens is a few cycles, and one run of it is as noisy as the machine.
+
 --calibration FILE keeps the measured cost curve in FILE (measured and written when FILE does not exist): a busy
 machine may need many minutes to measure it, and a rerun need not.
 """
@@ -151,14 +154,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # before the timed runs (the warm-up's target prefill and the draft's, which happens inside its first
             # propose, are reported apart as the cold cost)
             warm = eng.infill(p.prefix, p.suffix, sampling=greedy, max_tokens=2, speculative=True)
-            res = {}
-            for spec in ((True, False) if i % 2 == 0 else (False, True)):
-                res[spec] = eng.infill(p.prefix, p.suffix, sampling=greedy, max_tokens=n_mid + 16, speculative=spec)
+            res: dict[bool, Any] = {}
+            secs: dict[bool, list[float]] = {True: [], False: []}
+            for rep in range(args.reps):  # the order alternates per prompt and per repetition
+                for spec in ((True, False) if (i + rep) % 2 == 0 else (False, True)):
+                    res[spec] = eng.infill(p.prefix, p.suffix, sampling=greedy, max_tokens=n_mid + 16, speculative=spec)
+                    secs[spec].append(res[spec].stats.decode_seconds)
             plain, sp = res[False], res[True]
-            rate = {k: r.stats.n_generated / max(r.stats.decode_seconds, 1e-9) for k, r in res.items()}
+            med = {k: statistics.median(v) for k, v in secs.items()}  # greedy: every repetition writes the same tokens
+            rate = {k: r.stats.n_generated / max(med[k], 1e-9) for k, r in res.items()}
             rows.append({
                 "group": p.group, "source": p.source, "n_prompt": plain.stats.n_prompt, "n_middle": n_mid,
-                "n_generated": plain.stats.n_generated, "plain_s": plain.stats.decode_seconds, "spec_s": sp.stats.decode_seconds,
+                "n_generated": plain.stats.n_generated, "plain_s": med[False], "spec_s": med[True],
                 "spec_n": sp.stats.n_generated, "ratio": rate[True] / rate[False] if rate[False] > 0 else 0.0,
                 "prefill_s": warm.stats.timings.prefill, "draft_prefill_s": warm.stats.timings.draft,
                 "same": plain.token_ids == sp.token_ids, "exact": plain.text.strip() == p.middle.strip(),
@@ -222,10 +229,14 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=1,
+                    help="timed runs per mode and prompt; the median decode time counts (short middles are a few cycles: one run is noisy)")
     ap.add_argument("--calibration", help="a JSON file of measured costs: read when it exists, else measured and written")
     ap.add_argument("--json-out")
     ap.add_argument("--md-out", help="write the markdown table here (atomically)")
     args = ap.parse_args()
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
     result = run(args)
     summary = summarize(result["rows"])
     cmd = "scripts/bench_infill.py " + " ".join(sys.argv[1:])
