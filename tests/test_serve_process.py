@@ -99,7 +99,9 @@ def _two_ctrl_cs(tiny, tmp_path, monkeypatch, attempt: int) -> tuple[int, str, P
     # and a request whose body never comes: uvicorn waits for it after the first Ctrl-C, the second one forces the exit
     half = socket.create_connection(("127.0.0.1", port), timeout=30)
     half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")
-    time.sleep(1.0)  # the server reads the half request's headers: a request in progress, not an idle connection
+    # the server reads the half request's headers: a request in progress, not an idle connection (a busy server reads
+    # them later: each attempt waits twice as long)
+    time.sleep(1.0 * 2**attempt)
     s.proc.send_signal(signal.SIGINT)
     time.sleep(0.8)  # inside uvicorn's wait for connections to close (up to 3 s)
     s.proc.send_signal(signal.SIGINT)
