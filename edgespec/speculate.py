@@ -314,8 +314,9 @@ def speculate(
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
                     pending = None
-                new, n_drafted, n, rows = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None)
-                skipped = 0
+                new, n_drafted, n, rows, skipped = _tree_cycle(
+                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None
+                )
             else:
                 new, n_drafted, n, rows, skipped = _chain_cycle(
                     target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None
@@ -480,14 +481,14 @@ def _chain_cycle(
     if pending is None:  # the cache holds all but the last token, which opens the verify batch
         logits = _decode_rows(target, [ctx[-1]] + draft[:n_decode], L - 1, known)
     else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
-        shifted = {i - 1: t for i, t in known.items() if i}
-        rows = _decode_rows(target, draft[:n_decode], L, shifted) if n_decode else pending[:0]
+        known.pop(0, None)  # row 0 is the prefill's, computed already
+        rows = _decode_rows(target, draft[:n_decode], L, {i - 1: t for i, t in known.items()}) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
     verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks)
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
-    return draft[:n] + [verdict.token], len(draft), n, own_rows, len(known) - (1 if pending is not None and 0 in known else 0)
+    return draft[:n] + [verdict.token], len(draft), n, own_rows, len(known)
 
 
 class _TreeRows(Sequence[Any]):
@@ -534,9 +535,10 @@ def _tree_cycle(
     rng: np.random.Generator | PositionalUniforms,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
-) -> tuple[list[int], int, int, list[np.ndarray] | None]:
-    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept, and
-    with want_rows the masked logits row of each added token).
+) -> tuple[list[int], int, int, list[np.ndarray] | None, int]:
+    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept, with
+    want_rows the masked logits row of each added token, and the rows not computed: 0, except in the plain step of a
+    tree that does not fit, see _chain_cycle).
     Nodes deeper than `budget` are dropped first; ids the target lacks, or the constraint forbids, are certain
     rejections, never decoded."""
     L = len(ctx)
@@ -544,7 +546,7 @@ def _tree_cycle(
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
-        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)[:4]
+        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)
     masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
     tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
     logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)
@@ -563,7 +565,7 @@ def _tree_cycle(
         own_rows = [
             apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
         ]
-    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows
+    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0
 
 
 def _tree_masks(constraint: TokenConstraint, tree: TokenTree) -> tuple[dict[int, np.ndarray], set[int]]:
