@@ -81,12 +81,13 @@ class ModelSpeculator:
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
         if self._has_foreign(context):
             return Proposal()
+        behind = self._behind(context)
         # the draft decodes context + d_1..d_{k-1}: that must fit its own context window
-        k = self.controller.next_k(behind=self._behind(context))
+        k = self.controller.next_k(behind=behind)
         k = min(self.controller.limit(k), budget, self.model.n_ctx - len(context) + 1)
         if k <= 0:
             return Proposal()
-        return self._draft(context, k, rng)
+        return self._draft(context, k, rng, behind)
 
     def observe(self, outcome: Outcome) -> None:
         self.controller.observe(
@@ -116,11 +117,12 @@ class ModelSpeculator:
             self._checked = len(context)
         return self.foreign
 
-    def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
+    def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator | PositionalUniforms, behind: int) -> Proposal:
         prop = Proposal(source=self.name)
-        # what the sync will decode: 1-2 tokens in a steady run of drafts, every skipped token after plain or lookup
-        # cycles (a batched catch-up, whose cost is not a per-token draft cost: the controller keeps them apart)
-        self._catchup = self._behind(context)
+        # what the sync will decode (behind = _behind(context)): 1-2 tokens in a steady run of drafts, every skipped
+        # token after plain or lookup cycles (a batched catch-up, whose cost is not a per-token draft cost: the
+        # controller keeps them apart)
+        self._catchup = behind
         logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
         history = list(context)
         c = self.constraint
