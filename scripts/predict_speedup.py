@@ -23,7 +23,10 @@ and each advances a virtual clock by what the curve file says the call costs (no
 The engine's online learning runs as in a bench (the curve and the draft cost carry over from prompt to prompt),
 fed with these modelled times. Speedup per suite = plain decode time / speculative decode time over the suite's
 prompts (summed tokens / summed seconds on each side, as `edgespec bench` reports it), for each drafter kind the
-engine has: model, ngram, model+ngram (the default, "auto" with a draft model).
+engine has: model, ngram, model+ngram (the default, "auto" with a draft model), and with --kinds the suffix-index
+drafters suffix and model+suffix, whose token trees the fake target verifies as llama.cpp's tree decode would (one
+decode of the tree's nodes costs verify(nodes + 1); the memory starts empty and holds every prompt and output
+replayed before, as one engine's would in a bench run).
 
 The oracle: knowing how many tokens each proposal would get accepted (the recorded continuation's and the lookup's
 match with the trace), the fewest modelled seconds to produce each trace, by dynamic programming over positions
@@ -58,7 +61,8 @@ from record_traces import continuation  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
-KINDS = ("model", "ngram", "model+ngram")
+KINDS = ("model", "ngram", "model+ngram")  # the chain drafters (an oracle each) and the default set
+TREE_KINDS = ("suffix", "model+suffix")  # the suffix-index drafters: token trees (no oracle: it is over chains)
 
 
 # --------------------------------------------------------------------------------------------- costs
@@ -214,6 +218,33 @@ class TraceTarget:
         self.n_decoded += n
         return self._rows(start_pos, [r % n for r in rows])
 
+    def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """A token tree's verify (backend.Model.decode_tree's layout: row 0 the root, the context's last token; row i at
+        depth depths[i] on the tree paths seq_ids[i]), charged verify(rows) like a chain of as many tokens. A row whose
+        path follows the trace predicts the trace's next token; any other row is never read (greedy acceptance walks
+        only along the trace), so it is left all zeros."""
+        start = len(self.cached)
+        n = len(tokens)
+        self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
+        on_path: dict[int, dict[int, int]] = {}  # path id -> depth -> token
+        for tok, d, ids in zip(tokens, depths, seq_ids):
+            for s in ids:
+                on_path.setdefault(s, {})[d] = tok
+        out = np.zeros((n, self.n_vocab), np.float32)
+        last = len(self.full) - 1
+        for i, (d, ids) in enumerate(zip(depths, seq_ids)):
+            path = on_path[ids[0]] if ids else {}
+            if all(start + j <= last and path.get(j) == self.full[start + j] for j in range(1, d + 1)):
+                out[i, self.full[min(start + d + 1, last)]] = 1.0
+        self.cached.append(int(tokens[0]))
+        self.n_decoded += n
+        return out
+
+    def keep_tree_path(self, path: int, tokens: Sequence[int]) -> None:
+        self.cached += [int(t) for t in tokens]
+        self.clock.now += self.overhead  # a tree cycle ends here, a chain cycle at truncate (a first cycle that is a tree
+        # truncates the prefill's last token first: it is charged twice, once per prompt)
+
     def truncate(self, n_past: int) -> None:
         del self.cached[n_past:]
         self.clock.now += self.overhead  # once per cycle, outside the timed draft and verify
@@ -308,18 +339,20 @@ class RecordedDraft:
 
 # --------------------------------------------------------------------------------------------- replay
 class EngineState:
-    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and the
-    lookups' acceptance by match run."""
+    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost, the lookups'
+    acceptance by match run, the draft's by position, and the suffix drafters' memory."""
 
     def __init__(self, cost: Curve) -> None:
         from edgespec.costs import VerifyCurve
 
         from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
+        from edgespec.suffix_index import SuffixIndex
 
         self.curve = VerifyCurve(cost.verify)
         self.draft_cost = cost.draft
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
         self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
+        self.memory = SuffixIndex()  # the suffix drafters' memory: every prompt and output replayed so far (fresh at the start)
 
 
 def run_one(
@@ -343,7 +376,7 @@ def run_one(
     speculator = None
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
-        speculator = make_speculator(kind, spec, sampling, cm, draft, run_estimator=state.run_estimator,
+        speculator = make_speculator(kind, spec, sampling, cm, draft, memory=state.memory, run_estimator=state.run_estimator,
                                      draft_estimator=state.draft_estimator)
         if model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
@@ -554,11 +587,12 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
         "",
     ]
     fitted = "fitted_ngram" in result["overall"]
-    head = ["suite", "n", "tokens"] + list(kinds) + (["fitted k(run) ngram"] if fitted else []) + [f"oracle {k}" for k in kinds]
+    chains = [k for k in KINDS if k in result["overall"]["oracle"]]
+    head = ["suite", "n", "tokens"] + list(kinds) + (["fitted k(run) ngram"] if fitted else []) + [f"oracle {k}" for k in chains]
     rows = []
     for name, s in list(result["suites"].items()) + [("overall", result["overall"])]:
         rows.append([name, str(s["prompts"]), str(s["tokens"])] + [f"{s[k]['speedup']:.2f}" for k in kinds]
-                    + ([f"{s['fitted_ngram']['speedup']:.2f}"] if fitted else []) + [f"{s['oracle'][k]:.2f}" for k in kinds])
+                    + ([f"{s['fitted_ngram']['speedup']:.2f}"] if fitted else []) + [f"{s['oracle'][k]:.2f}" for k in chains])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines.append(fmt(head))
@@ -566,7 +600,8 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
     lines += [fmt(r) for r in rows]
     lines.append("")
     lines.append("speedup = plain decode time / speculative decode time (modelled), summed over the suite's prompts; "
-                 "oracle = the best any policy drafting from the same proposals could do."
+                 "oracle = the best any policy drafting chains from the same proposals could do (the suffix drafters "
+                 "verify trees: they have none)."
                  + (" fitted k(run) = the best table from match run to draft length, fitted on the suite's own traces "
                     "(what any rule that sees only the match run can reach)." if fitted else ""))
     return "\n".join(lines)
@@ -755,6 +790,8 @@ def main(argv: list[str] | None = None) -> int:
                          "each (default: the curve's own; with --profiles 0.3,0.45,0.6,0.8)")
     ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
     ap.add_argument("--suite", action="append", default=[])
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"drafters to replay, comma-separated, of {', '.join(KINDS + TREE_KINDS)} (default {','.join(KINDS)})")
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--ngram-draft-max", type=int, default=None, help="most tokens an n-gram lookup drafts (default: SpecConfig's)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
@@ -773,6 +810,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k, ngram_draft_max=a.ngram_draft_max)
     try:
         rels = [float(x) for x in a.draft_relative.split(",") if x.strip()] if a.draft_relative else []
+        kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
+        unknown = [k for k in kinds if k not in KINDS + TREE_KINDS]
+        if unknown or not kinds:
+            raise ValueError(f"--kinds: unknown drafter(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS + TREE_KINDS)}")
         if not a.curve and a.profiles is None:
             raise ValueError("give --curve FILE or --profiles [DIR]")
         data = load_traces(a.traces)
@@ -801,9 +842,9 @@ def main(argv: list[str] | None = None) -> int:
         if scale is not None:
             cost.depth_scale = scale.depth_scale
             cost.name += f" x depth scale of {Path(a.depth_scale).name}"
-        res = predict(data, cost, spec, a.suite, fit=a.fit_run_table)
+        res = predict(data, cost, spec, a.suite, kinds=kinds, fit=a.fit_run_table)
         results.append(res)
-        print(format_table(res))
+        print(format_table(res, kinds))
         print()
     if a.json:
         atomic_write_text(Path(a.json), json.dumps(results, indent=1) + "\n")

@@ -270,6 +270,48 @@ def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
             assert rep.n_drafted > 0
 
 
+def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny, monkeypatch):
+    """The suffix drafters verify token trees: with a fixed shape the replay's cycles, nodes and accepted tokens equal a
+    real run's on tiny models (target loaded with tree sequences, a fresh memory on both sides)."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+    from edgespec.speculate import speculate
+    from edgespec.speculators import make_speculator
+    from edgespec.stats import GenerationStats
+    from edgespec.suffix_index import SuffixIndex
+
+    prompt = [ord(c) for c in "abc d ab abd abc ab"]
+    n = 48
+    sampling = SamplingParams(temperature=0)
+    spec = SpecConfig(draft_max=4, adaptive=False, tree_nodes=6, tree_width=2)
+    with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1), tree_paths=spec.tree_nodes) as target, \
+            Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
+        plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
+        segs = rt.record_segments(draft, prompt, plain, 8)
+        data = {"format": 1, "draft_len": 8, "max_tokens": n, "n_vocab": target.n_vocab, "eog_ids": sorted(target.eog_ids),
+                "prompts": [{"suite": "tiny", "index": 0, "name": "tiny-1", "prompt": prompt, "trace": plain,
+                             "stop": "length" if len(plain) == n else "eos", "segments": segs}]}
+        trees = 0
+        tree_decodes = []
+        orig = ps.TraceTarget.decode_tree
+        monkeypatch.setattr(ps.TraceTarget, "decode_tree", lambda self, *a: (tree_decodes.append(len(a[0])), orig(self, *a))[1])
+        for kind in ps.TREE_KINDS:
+            draft.reset()
+            target.reset()
+            real = GenerationStats()
+            sp = make_speculator(kind, spec, sampling, CostModel(FLAT, c_draft=0.001), draft, memory=SuffixIndex())
+            out = []
+            for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n, speculator=sp, stats=real):
+                out += st.tokens
+            assert out == plain
+            curve = ps.Curve(verify=dict(FLAT), draft=0.001)
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, ps.EngineState(curve), spec)
+            assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
+            assert rep.source_counts == real.source_counts and rep.source_counts.get("suffix"), kind
+            trees += real.n_drafted
+        assert trees > 0 and max(tree_decodes) > 2  # trees were verified (not only chains)
+
+
 def test_committed_traces_file():
     path = SCRIPTS / "data" / "traces.json.gz"
     if not path.exists():
