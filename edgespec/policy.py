@@ -252,6 +252,13 @@ class Controller:
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
         self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
 
+    def skipped(self, n_tokens: int) -> None:
+        """n_tokens passed in a cycle another drafter made (a lookup's): while plain they count towards the next probe
+        as plain tokens do, so a drafter whose cycles a lookup mostly takes is not left plain for many times the probe
+        interval (next_k, which counts plain tokens, is not asked on those cycles)."""
+        if self.spec.adaptive and self._plain and n_tokens > 0:
+            self._plain_run += int(n_tokens)
+
     def expected_rate(self, extra_seconds: float = 0.0) -> float | None:
         """Tokens per second the coming cycle is expected to deliver if it drafts (the best rate over k on the live
         estimates and costs, the cycle costing extra_seconds more: a catch-up), or None while the controller decodes

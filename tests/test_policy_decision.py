@@ -15,9 +15,10 @@ from edgespec.config import SamplingParams, SpecConfig
 from edgespec.costs import CostModel, best_rate, draft_model_pays
 from edgespec.estimators import AcceptanceEstimator
 from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, NgramPolicy
+from edgespec.policy import Controller, NgramPolicy, TreePolicy
 from edgespec.prompt_cache import common_prefix
-from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, make_speculator
+from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, make_speculator
+from edgespec.suffix_index import SuffixIndex
 from edgespec.speculators.model import top_probability
 
 # Relative verify costs (one token = 1): a GPU-like flat curve, a curve with a cliff (A100 shape: 9 tokens cost 3.9x
@@ -221,6 +222,57 @@ def test_hybrid_prefers_the_draft_model_when_it_promises_more_than_a_weak_lookup
     # with the model plain (no evidence), the lookup's proposal is verified
     ctrl._plain = True
     assert ctrl.expected_rate() is None
+
+
+def test_model_plus_suffix_also_prefers_the_draft_model_when_it_promises_more():
+    """The same one decision per cycle for the suffix index's trees: its proposal is withdrawn (and scored as a declined
+    one) when the draft model promises more tokens per second; with the model plain, the tree is verified."""
+    cost = costs(FLAT, 0.3)
+    spec = SpecConfig()
+    memory = SuffixIndex()
+    memory.add_document([1, 2, 3, 4, 9, 8, 7, 6, 5])
+    suffix = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width))
+    est = AcceptanceEstimator(spec.draft_max, decay=1.0)
+    for _ in range(50):
+        est.update(spec.draft_max, spec.draft_max)
+    ctrl = Controller(spec, cost, estimator=est)
+    ctrl._plain = False
+    hybrid = HybridSpeculator(ModelSpeculator(_Draft([42]), SamplingParams(temperature=0), ctrl), suffix)
+    ctx = [20, 21, 1, 2, 3, 4]  # the memory continues this with 9, 8, 7, ... (prior acceptance, far below the model's)
+    rate = ctrl.expected_rate()
+    assert rate is not None
+    p = hybrid.propose(ctx, 8, np.random.default_rng(0))
+    assert p.source == "model" and p.tokens[0] == 42 and suffix.last_rate < rate
+    assert suffix._shadow == (suffix._first[0], len(ctx), 9) and suffix._last is None  # type: ignore[index]
+    hybrid.observe(Outcome(len(p), 0, 1, 0.001, 0.01))
+    ctrl._plain = True  # no evidence for the model: the suffix's proposal is verified
+    p = hybrid.propose(ctx + [9], 8, np.random.default_rng(0))
+    assert p.source == "suffix" and (p.tokens or p.tree is not None)
+    assert suffix._shadow is None  # the declined proposal of the last cycle was scored (9 was the target's token)
+
+
+def test_lookup_cycles_count_towards_the_draft_models_next_probe():
+    """A hybrid whose lookup takes most cycles: the tokens those cycles emit count as plain tokens for the draft
+    model's probe schedule (else it would stay plain for many times its interval), and only while it is plain."""
+    cost = costs(FLAT, 0.3)
+    spec = SpecConfig()
+    ctrl = Controller(spec, cost)
+    ctrl._plain_run = 0  # a probe just failed: the next is due after probe_interval plain tokens
+    lookup = LookupSpeculator(NgramIndex(4, 2), NgramPolicy(spec, cost.view(0.0)))
+    hybrid = HybridSpeculator(ModelSpeculator(_Draft([42]), SamplingParams(temperature=0), ctrl), lookup)
+    hybrid._last = "ngram"
+    hybrid.observe(Outcome(4, 3, 4, 0.0, 0.01))
+    assert ctrl._plain_run == 4
+    ctrl._plain_run = ctrl.probe_interval - 1
+    hybrid._last = "ngram"
+    hybrid.observe(Outcome(2, 1, 2, 0.0, 0.01))
+    assert ctrl.next_k(behind=1) == ctrl.probe_k  # due: the model's next own cycle probes
+    ctrl._plain, before = False, ctrl._plain_run
+    ctrl.skipped(5)
+    assert ctrl._plain_run == before  # while speculating nothing is counted
+    fixed = Controller(SpecConfig(adaptive=False), cost)
+    fixed.skipped(5)
+    assert fixed._plain_run == fixed.base_interval
 
 
 # -- probes and catch-ups ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-""""model+ngram" / "model+suffix": a lookup's proposal when it finds one its policy wants to verify (free), the draft
-model otherwise. Each part learns only from its own cycles; plain cycles teach both."""
+""""model+ngram" / "model+suffix": a lookup's proposal (a chain, or the suffix index's tree) when it finds one its
+policy wants to verify and the draft model is not expected to deliver more tokens per second now, the draft model
+otherwise. Each part learns only from its own cycles; plain cycles teach both."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class HybridSpeculator:
 
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator) -> Proposal:
         p = self.lookup.propose(context, budget, rng)
-        if len(p) and isinstance(self.lookup, LookupSpeculator):
+        if len(p):
             # one decision per cycle: the lookup's proposal unless the draft model is expected to deliver more tokens
             # per second now (its estimates, the curve, its own cost and its catch-up on the tokens it has not seen);
             # a declined lookup is still scored (shadow)
@@ -40,6 +41,7 @@ class HybridSpeculator:
     def observe(self, outcome: Outcome) -> None:
         if self._last == self.lookup.name:
             self.lookup.observe(outcome)
+            self.model.observe_foreign(outcome)
         elif self._last == "model":
             self.model.observe(outcome)
             self.lookup.observe_foreign(outcome)

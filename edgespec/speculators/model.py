@@ -96,6 +96,10 @@ class ModelSpeculator:
         )
         self._catchup = 0
 
+    def observe_foreign(self, outcome: Outcome) -> None:
+        """A cycle another speculator drafted (the hybrid's lookup) emitted outcome.n_emitted tokens."""
+        self.controller.skipped(outcome.n_emitted)
+
     def stats(self) -> dict[str, Any]:
         return self.controller.stats()
 

@@ -30,6 +30,8 @@ class SuffixSpeculator:
         self.policy = policy
         self._last: tuple[TokenTree, int] | None = None  # the tree being verified and its match run
         self._shadow: tuple[int, int, int] | None = None  # (run, position, best first token) of a declined proposal
+        self._first: tuple[int, int, int] | None = None  # the same for the proposal being verified (see withdraw)
+        self.last_rate = float("inf")  # expected tokens/s of the last proposal (the tree's; inf: a fixed shape)
 
     def propose(self, context: Sequence[int], budget: int, rng: Any = None) -> Proposal:
         self._score_shadow(context)
@@ -46,16 +48,25 @@ class SuffixSpeculator:
                 self._shadow = (found.run, len(context), found.tokens[0])
                 return Proposal()
             tree = found.fill(shape.rank_paths)
+            self.last_rate = shape.rate
         else:  # a fixed shape: the best max_nodes candidates, whatever the costs say
             tree = found.tree(self.policy.max_nodes)
+            self.last_rate = float("inf")
         if not len(tree):
             return Proposal()
         self._last = (tree, found.run)
+        self._first = (found.run, len(context), found.tokens[0])
         paths = tree.paths()
         if len(paths) == 1:  # one path: verify it as a chain (no tree sequences)
             chain = [tree.token(i) for i in paths[0]]
             return Proposal(tokens=chain, q=[None] * len(chain), source=self.name)
         return Proposal(source=self.name, tree=tree)
+
+    def withdraw(self) -> None:
+        """The proposal just made will not be verified (another drafter's will): score it as a declined one."""
+        if self._last is not None:
+            self._shadow = self._first
+        self._last = None
 
     def observe(self, outcome: Outcome) -> None:
         if self._last is not None and outcome.n_drafted:
