@@ -460,6 +460,92 @@ def fitted_run_table(
     return best, dict(zip(edges, table))
 
 
+RULE_GRID = {"K": tuple(range(0, 9)), "theta": (0.0, 0.5, 0.7, 0.8, 0.9, 0.95), "R": (0, 1, 2, 3, 4, 1 << 30),
+             "Kn": (1, 2, 4, 8, 16)}
+
+
+def model_proposals(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[tuple[list[float], int, int]]:
+    """Per position t: the draft model's recorded confidences (first k_max), how many of its tokens the target would
+    accept, and how many it offers (a continuation ends at an end token)."""
+    matches = model_matches(rec, meta, k_max)
+    out = []
+    for t, r in enumerate(matches):
+        toks, conf = continuation(rec["segments"], t, int(meta["draft_len"]))
+        out.append((list(conf[:k_max]), r, min(k_max, len(toks))))
+    return out
+
+
+def rule_seconds(
+    prompts: Sequence[tuple[int, bool, list[tuple[list[float], int, int]], list[tuple[int, int, int]]]], cost: Curve,
+    K: int, theta: float, R: int, Kn: int,
+) -> float:
+    """Modelled decode seconds of the fixed rule (K, theta, R, Kn) on these prompts: a cycle verifies the n-gram
+    lookup's proposal (up to Kn tokens) when its match run is >= R, else the draft model drafts up to K tokens,
+    stopping after the first whose confidence is below theta (K = 0: plain). Costs as the replay charges them: the
+    target's decode of k + 1 tokens (k after the prefill's row on the first cycle), the draft's catch-up as one batch
+    of the tokens it has not seen, then one decode per further drafted token, and the overhead per cycle.
+    prompts: (n_prompt, first cycle from the prefill, model_proposals, ngram_proposals) per prompt."""
+    from edgespec.costs import VerifyCurve
+
+    v = VerifyCurve(cost.verify)
+    dv = VerifyCurve(cost.draft_verify or cost.verify)
+    scale = cost.draft / dv(1)
+    total = 0.0
+    for P, first_from_prefill, model, ngram in prompts:
+        n, t, behind = len(model), 0, 1
+        while t < n:
+            room = n - t - 1
+            run, n_tok, acc_n = ngram[t]
+            k = acc = 0
+            by_model = False
+            if 0 <= R <= run:
+                k = min(n_tok, Kn, room)
+                acc = min(k, acc_n)
+            if k == 0 and K:
+                conf, r, offered = model[t]
+                while k < min(K, offered, room):
+                    k += 1
+                    if conf[k - 1] < theta:
+                        break
+                if k:
+                    by_model = True
+                    acc = min(k, r)
+                    catch = cost.draft if behind <= 1 else dv(behind) * scale
+                    total += (catch + (k - 1) * cost.draft) * cost.draft_factor(P + t)
+            if t == 0 and first_from_prefill:
+                total += v(k) * cost.verify_factor(k, P + k) if k else 0.0
+            else:
+                total += v(k + 1) * cost.verify_factor(k + 1, P + t + k)
+            total += cost.overhead
+            # the draft's cache: after its own cycle all but its last draft (and the bonus) or up to its first miss;
+            # after a lookup or plain cycle it falls behind by every token emitted
+            behind = (2 if acc == k else 1) if by_model else behind + acc + 1
+            t += acc + 1
+    return total
+
+
+def fitted_rule(
+    prompts: Sequence[tuple[int, bool, list[tuple[list[float], int, int]], list[tuple[int, int, int]]]], cost: Curve,
+    passes: int = 2,
+) -> tuple[float, dict[str, float]]:
+    """The best fixed rule of rule_seconds' family on these prompts, fitted on them in hindsight by coordinate descent
+    over RULE_GRID (from: plain decoding). A bound of the kind fitted_run_table is for the lookup alone: what a policy
+    that decides from the draft's confidence and the lookup's match run, with its thresholds tuned to the suite, can
+    reach. Returns (modelled seconds, the rule)."""
+    rule = {"K": 0, "theta": 0.0, "R": 1 << 30, "Kn": 1}
+    best = rule_seconds(prompts, cost, **rule)  # type: ignore[arg-type]
+    for _ in range(passes):
+        for pair in (("K", "theta"), ("R", "Kn")):
+            a, b = pair
+            for x in RULE_GRID[a]:
+                for y in RULE_GRID[b]:
+                    trial = {**rule, a: x, b: y}
+                    sec = rule_seconds(prompts, cost, **trial)  # type: ignore[arg-type]
+                    if sec < best - 1e-12:
+                        best, rule = sec, trial
+    return best, rule
+
+
 def oracle_seconds(
     n: int, cost: Curve, model_r: Sequence[int] | None, ngram_r: Sequence[int] | None, first_from_prefill: bool = False,
     n_prompt: int = 0,
@@ -493,10 +579,13 @@ def oracle_seconds(
 
 
 def predict(
-    data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS, fit: bool = False
+    data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS, fit: bool = False,
+    fit_rules: bool = False,
 ) -> dict[str, Any]:
     """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds; with fit, also the
-    best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table)."""
+    best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table); with fit_rules, the best fixed
+    confidence / match-run rule for model+ngram fitted on each suite's traces (fitted_rule; overall: each suite with
+    its own rule)."""
     from edgespec.costs import CostModel, draft_model_pays
     from edgespec.speculators import model_draft_used
 
@@ -512,7 +601,7 @@ def predict(
 
     def new_sums() -> dict[str, Any]:
         return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0},
-                "proposals": []}
+                "proposals": [], "rules": []}
 
     per_suite: dict[str, dict[str, Any]] = {}
     total = new_sums()
@@ -529,9 +618,11 @@ def predict(
         P = len(rec["prompt"])
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
+        mp = model_proposals(rec, data, oracle_cap) if fit_rules else []
         for s in sums:
             s["prompts"] += 1
             s["proposals"].append((P, props))
+            s["rules"].append((P, first, mp, props))
             for k, r in runs.items():
                 s[k].add(r)
             for k, v in oracle.items():
@@ -556,8 +647,16 @@ def predict(
         if fit:
             sec, table = fitted_run_table(s["proposals"], cost, ngram_cap)
             out["fitted_ngram"] = {"speedup": round(plain.decode_seconds / sec, 4), "k_by_run": table}
+        if fit_rules and s is not total:
+            sec, rule = fitted_rule(s["rules"], cost)
+            out["fitted_rule"] = {"speedup": round(plain.decode_seconds / sec, 4), "seconds": sec, "rule": rule}
         return out
 
+    suite_results = {name: summary(s) for name, s in per_suite.items()}
+    overall = summary(total)
+    if fit_rules:  # every suite with its own fitted rule
+        sec = sum(r["fitted_rule"]["seconds"] for r in suite_results.values())
+        overall["fitted_rule"] = {"speedup": round(overall["plain_seconds"] / sec, 4), "seconds": sec}
     cm = CostModel(cost.verify, c_draft=cost.draft)
     gate = draft_model_pays(cm, max(spec.draft_max, 1), spec.draft_min)
     return {
@@ -566,8 +665,8 @@ def predict(
         "draft_model_pays": gate,  # the hardware gate on this curve (adaptive mode)
         "draft_model_used": model_draft_used("model", spec, cm),  # a fixed draft length bypasses the gate
         "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len")},
-        "suites": {name: summary(s) for name, s in per_suite.items()},
-        "overall": summary(total),
+        "suites": suite_results,
+        "overall": overall,
     }
 
 
@@ -587,12 +686,15 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
         "",
     ]
     fitted = "fitted_ngram" in result["overall"]
+    rule = "fitted_rule" in result["overall"]
     chains = [k for k in KINDS if k in result["overall"]["oracle"]]
-    head = ["suite", "n", "tokens"] + list(kinds) + (["fitted k(run) ngram"] if fitted else []) + [f"oracle {k}" for k in chains]
+    head = (["suite", "n", "tokens"] + list(kinds) + (["fitted k(run) ngram"] if fitted else []) + (["fitted rule m+n"] if rule else [])
+            + [f"oracle {k}" for k in chains])
     rows = []
     for name, s in list(result["suites"].items()) + [("overall", result["overall"])]:
         rows.append([name, str(s["prompts"]), str(s["tokens"])] + [f"{s[k]['speedup']:.2f}" for k in kinds]
-                    + ([f"{s['fitted_ngram']['speedup']:.2f}"] if fitted else []) + [f"{s['oracle'][k]:.2f}" for k in chains])
+                    + ([f"{s['fitted_ngram']['speedup']:.2f}"] if fitted else []) + ([f"{s['fitted_rule']['speedup']:.2f}"] if rule else [])
+                    + [f"{s['oracle'][k]:.2f}" for k in chains])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines.append(fmt(head))
@@ -617,13 +719,13 @@ GOALS = {"overall_vs_oracle": 0.90, "suite_vs_oracle": 0.85, "suite_vs_plain": 0
 
 
 def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], rels: Sequence[float], spec: Any,
-                 suites: Sequence[str] = ()) -> list[dict[str, Any]]:
+                 suites: Sequence[str] = (), fit_rules: bool = False) -> list[dict[str, Any]]:
     """Every profile x draft cost x suite (and overall): the default drafter (model+ngram), its oracle, the draft
-    model alone and its oracle."""
+    model alone and its oracle; with fit_rules the best fixed rule for model+ngram fitted on each suite (fitted_rule)."""
     rows = []
     for pname, base in curves:
         for rel in rels:
-            res = predict(data, base.with_draft_relative(rel), spec, suites, kinds=PROFILE_KINDS)
+            res = predict(data, base.with_draft_relative(rel), spec, suites, kinds=PROFILE_KINDS, fit_rules=fit_rules)
             for sname, s in list(res["suites"].items()) + [("overall", res["overall"])]:
                 rows.append({
                     "profile": pname, "draft": rel, "suite": sname, "tokens": s["tokens"],
@@ -631,6 +733,7 @@ def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], r
                     "model": s["model"]["speedup"], "oracle_model": s["oracle"]["model"],
                     "model_used": res["draft_model_used"],
                     "default_sources": s["model+ngram"]["sources"],
+                    **({"fitted_rule": s["fitted_rule"]["speedup"]} if fit_rules else {}),
                 })
     return rows
 
@@ -654,16 +757,23 @@ def goals_check(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
+    fitted = bool(rows) and "fitted_rule" in rows[0]
     head = ["profile", "draft", "suite", "default", "oracle m+n", "ratio", "model", "oracle model", "ratio"]
+    head += ["fitted rule", "default/fitted"] if fitted else []
     body = [[r["profile"], f"{r['draft']:g}", r["suite"], f"{r['default']:.2f}", f"{r['oracle_default']:.2f}",
              f"{r['default'] / r['oracle_default']:.2f}", f"{r['model']:.2f}" if r["model_used"] else "off",
-             f"{r['oracle_model']:.2f}", f"{r['model'] / r['oracle_model']:.2f}"] for r in rows]
+             f"{r['oracle_model']:.2f}", f"{r['model'] / r['oracle_model']:.2f}"]
+            + ([f"{r['fitted_rule']:.2f}", f"{r['default'] / r['fitted_rule']:.2f}"] if fitted else []) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines = [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(b) for b in body]
     lines += ["", "default = model+ngram (the engine's drafter with a draft model), x plain decoding; oracle m+n = the best "
               "any policy drafting from the same proposals could do; model = the draft model alone ('off' = the engine "
-              "does not run it on this curve: plain decoding); draft = the draft's cost in target tokens.", "",
+              "does not run it on this curve: plain decoding); draft = the draft's cost in target tokens."
+              + (" fitted rule = the best fixed rule 'the lookup when its match run >= R (up to Kn tokens), else the "
+                 "draft model while its confidence >= theta (up to K)', fitted on the suite's own traces in hindsight "
+                 "(overall: each suite its own rule): what a policy deciding from those two signals can reach."
+                 if fitted else ""), "",
               "goals (worst over the draft costs): default/oracle overall >= 0.90, every suite >= 0.85, default >= 0.98x "
               "plain in every suite (>= 0.99x on Metal Q4)"]
     for name, g in goals_check(rows).items():
@@ -800,6 +910,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a curve file whose depth_scale (cost growth with context depth, from `measure --depths`) applies to every --curve")
     ap.add_argument("--fit-run-table", action="store_true",
                     help="also fit, per suite, the best table from an n-gram match's run to its draft length (a bound for run-based rules)")
+    ap.add_argument("--fit-rules", action="store_true",
+                    help="also fit, per suite, the best fixed confidence / match-run rule for model+ngram (a bound for "
+                         "policies that decide from those signals; ~3x slower)")
     ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
     a = ap.parse_args(argv)
 
@@ -828,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2
     if a.profiles is not None:
-        rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite)
+        rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite, fit_rules=a.fit_rules)
         print(format_profiles(rows))
         if a.json:
             atomic_write_text(Path(a.json), json.dumps({"rows": rows, "goals": goals_check(rows)}, indent=1) + "\n")
@@ -842,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         if scale is not None:
             cost.depth_scale = scale.depth_scale
             cost.name += f" x depth scale of {Path(a.depth_scale).name}"
-        res = predict(data, cost, spec, a.suite, kinds=kinds, fit=a.fit_run_table)
+        res = predict(data, cost, spec, a.suite, kinds=kinds, fit=a.fit_run_table, fit_rules=a.fit_rules)
         results.append(res)
         print(format_table(res, kinds))
         print()
