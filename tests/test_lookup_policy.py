@@ -90,6 +90,7 @@ class _ScriptedModel:
     def __init__(self) -> None:
         self.calls = 0
         self.observed: list[Outcome] = []
+        self.foreign: list[Outcome] = []  # the lookup's cycles, as the hybrid reports them
 
     def propose(self, tokens, budget, rng=None) -> Proposal:
         self.calls += 1
@@ -97,6 +98,9 @@ class _ScriptedModel:
 
     def observe(self, outcome: Outcome) -> None:
         self.observed.append(outcome)
+
+    def observe_foreign(self, outcome: Outcome) -> None:
+        self.foreign.append(outcome)
 
     def stats(self) -> dict:
         return {}
@@ -112,6 +116,7 @@ def test_hybrid_routes_to_the_lookup_when_it_wants_a_draft_else_to_the_model():
     assert d.source == "ngram" and d.tokens[:2] == [5, 6] and model.calls == 0
     hybrid.observe(Outcome(len(d.tokens), 2, 3, 0.0, 1.0))
     assert lookup.policy.cycles == 1 and model.observed == []
+    assert [o.n_emitted for o in model.foreign] == [3]  # the model only hears how many tokens passed (its probe schedule)
     # nothing to look up: the draft model drafts, and only it learns from the cycle
     d = hybrid.propose([9, 8, 7, 6], 4, None)
     assert d.source == "model" and d.tokens == [7] * 4 and model.calls == 1
