@@ -102,6 +102,7 @@ class VerifyCurve:
         ns = sorted(self._points)
         self._ns = np.array(ns, dtype=float)
         self._vs = np.maximum.accumulate(np.array([self._points[n] for n in ns], dtype=float))
+        self._memo: dict[int, float] = {}  # __call__'s values for this version (a cycle's planning asks dozens)
         self.version += 1
 
     @property
@@ -111,6 +112,12 @@ class VerifyCurve:
 
     def __call__(self, n: int) -> float:
         """Seconds for one target decode of a batch of n tokens."""
+        v = self._memo.get(n)
+        if v is None:
+            v = self._memo[n] = self._value(n)
+        return v
+
+    def _value(self, n: int) -> float:
         if n < 1:
             raise ValueError(f"batch size must be >= 1, got {n}")
         ns, vs = self._ns, self._vs
