@@ -78,6 +78,9 @@ class Curve:
     # how a decode's cost grows with the context it runs at: {"verify": {depth: {n: factor}}, "draft": {depth: factor}},
     # factors relative to the curve above (measured after a short context); None = the same at every depth
     depth_scale: dict[str, Any] | None = None
+    # also charge the Python work the replay really does between model calls (this machine's wall clock: the loop,
+    # the speculators, the acceptance math; the fakes' row building stands in for llama.cpp's logits copy)
+    python_time: bool = False
 
     def verify_factor(self, n: int, depth: int) -> float:
         return _depth_factor((self.depth_scale or {}).get("verify"), depth, n)
@@ -109,6 +112,7 @@ class Curve:
             "overhead": self.overhead,
             "draft_verify": None if self.draft_verify is None else {str(n): s for n, s in sorted(self.draft_verify.items())},
             "depth_scale": self.depth_scale,
+            "python_time": self.python_time,
         }
 
 
@@ -164,13 +168,18 @@ def load_curve(path: str | Path) -> Curve:
 
 
 class Clock:
-    """The virtual clock the speculation loop reads instead of time.perf_counter."""
+    """The virtual clock the speculation loop reads instead of time.perf_counter: the modelled seconds of the model
+    calls, plus (real=True) the wall-clock seconds spent since it was made (the Python work around them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, real: bool = False) -> None:
+        import time
+
         self.now = 0.0
+        self._wall = time.perf_counter if real else None
+        self._t0 = time.perf_counter() if real else 0.0
 
     def perf_counter(self) -> float:
-        return self.now
+        return self.now + (self._wall() - self._t0 if self._wall is not None else 0.0)
 
 
 # --------------------------------------------------------------------------------------------- fake models
@@ -369,7 +378,7 @@ def run_one(
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
     eog = frozenset(meta["eog_ids"])
     truth = VerifyCurve(cost.verify)  # what a decode really costs (the file), apart from what the engine learns
-    clock = Clock()
+    clock = Clock(real=cost.python_time)
     target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock, cost.verify_factor)
     draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
     sampling = SamplingParams(temperature=0)
@@ -906,6 +915,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ngram-draft-max", type=int, default=None, help="most tokens an n-gram lookup drafts (default: SpecConfig's)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
+    ap.add_argument("--python-time", action="store_true",
+                    help="also charge the Python work the replay really does (this machine's wall clock) on top of the modelled "
+                         "model calls: the engine's own per-cycle and per-token costs outside llama.cpp (results then vary run to run)")
     ap.add_argument("--depth-scale", default=None,
                     help="a curve file whose depth_scale (cost growth with context depth, from `measure --depths`) applies to every --curve")
     ap.add_argument("--fit-run-table", action="store_true",
@@ -935,7 +947,11 @@ def main(argv: list[str] | None = None) -> int:
             if not files:
                 raise ValueError(f"{a.profiles}: no curve files (*.json)")
             profiles = [(f.stem, load_curve(f)) for f in files]
+            for _, c in profiles:
+                c.python_time = a.python_time
         costs = [load_curve(path) for path in a.curve]
+        for c in costs:
+            c.python_time = a.python_time
         scale = load_curve(a.depth_scale) if a.depth_scale else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
