@@ -246,6 +246,25 @@ def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bo
         assert s["fitted_rule"]["speedup"] <= s["oracle"]["model+ngram"] * (1 + 1e-9)
 
 
+def test_python_time_charges_the_replays_own_work():
+    """--python-time: the virtual clock also advances by the wall time spent outside the fakes' modelled calls, so a
+    replay on a curve whose model calls cost nothing still takes time, and never less than without it."""
+    clock = ps.Clock(real=True)
+    a = clock.perf_counter()
+    sum(range(100_000))
+    assert clock.perf_counter() > a and ps.Clock().perf_counter() == 0.0
+    data = synthetic_data(3, prompts=1)
+    free = {1: 1e-12, 64: 1e-12}
+    rec = data["prompts"][0]
+    for kind in (None, "model+ngram"):
+        modelled = ps.Curve(verify=dict(free), draft=1e-12)
+        timed = ps.Curve(verify=dict(free), draft=1e-12, python_time=True)
+        s0, _ = ps.run_one(rec, data, kind, modelled, ps.EngineState(modelled), SpecConfig())
+        s1, _ = ps.run_one(rec, data, kind, timed, ps.EngineState(timed), SpecConfig())
+        assert s0.decode_seconds < 1e-6 < s1.decode_seconds, kind
+    assert ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
+
+
 def test_curve_files(tmp_path):
     plain = tmp_path / "c.json"
     plain.write_text(json.dumps({"verify": {"1": 0.01, "4": 0.02}, "draft": 0.004, "overhead": 0.001}))
