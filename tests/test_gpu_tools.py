@@ -286,6 +286,19 @@ def test_curve_files(tmp_path):
     assert flat.verify[64] == pytest.approx(1.1 * flat.verify[1], rel=1e-3)
 
 
+def record_tiny(target, draft, prompt: list[int], n: int) -> tuple[list[int], dict]:
+    """The plain greedy trace of `target` after `prompt` (n tokens) and a one-prompt traces file for it (draft_len 8)."""
+    from edgespec.speculate import speculate
+
+    sampling = SamplingParams(temperature=0)
+    plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
+    segs = rt.record_segments(draft, prompt, plain, 8)
+    data = {"format": 1, "draft_len": 8, "max_tokens": n, "n_vocab": target.n_vocab, "eog_ids": sorted(target.eog_ids),
+            "prompts": [{"suite": "tiny", "index": 0, "name": "tiny-1", "prompt": prompt, "trace": plain,
+                         "stop": "length" if len(plain) == n else "eos", "segments": segs}]}
+    return plain, data
+
+
 def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
     """Fixed draft length (no timing-dependent decision): the replay's cycle counts equal the real loop's."""
     from edgespec.backend import Model
@@ -299,11 +312,7 @@ def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
     sampling = SamplingParams(temperature=0)
     with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1)) as target, \
             Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
-        plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
-        segs = rt.record_segments(draft, prompt, plain, 8)
-        data = {"format": 1, "draft_len": 8, "max_tokens": n, "n_vocab": target.n_vocab, "eog_ids": sorted(target.eog_ids),
-                "prompts": [{"suite": "tiny", "index": 0, "name": "tiny-1", "prompt": prompt, "trace": plain,
-                             "stop": "length" if len(plain) == n else "eos", "segments": segs}]}
+        plain, data = record_tiny(target, draft, prompt, n)
         for kind in ("model", "ngram", "model+ngram"):
             spec = SpecConfig(draft_max=4, adaptive=False, ngram_n_min=1)
             draft.reset()
@@ -335,11 +344,7 @@ def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny
     spec = SpecConfig(draft_max=4, adaptive=False, tree_nodes=6, tree_width=2)
     with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1), tree_paths=spec.tree_nodes) as target, \
             Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
-        plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
-        segs = rt.record_segments(draft, prompt, plain, 8)
-        data = {"format": 1, "draft_len": 8, "max_tokens": n, "n_vocab": target.n_vocab, "eog_ids": sorted(target.eog_ids),
-                "prompts": [{"suite": "tiny", "index": 0, "name": "tiny-1", "prompt": prompt, "trace": plain,
-                             "stop": "length" if len(plain) == n else "eos", "segments": segs}]}
+        plain, data = record_tiny(target, draft, prompt, n)
         trees = 0
         tree_decodes = []
         orig = ps.TraceTarget.decode_tree
