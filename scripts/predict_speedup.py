@@ -182,6 +182,22 @@ class Clock:
         return self.now + (self._wall() - self._t0 if self._wall is not None else 0.0)
 
 
+def draft_call_seconds(cost: Curve, curve: Any, n: int, depth: int) -> float:
+    """One draft decode of n tokens that ends at context depth `depth`: draft per token for one, a catch-up batch
+    shaped like `curve` (the draft's own, else the target's) above, scaled with the depth."""
+    base = cost.draft if n <= 1 else curve(n) * cost.draft / curve(1)
+    return base * cost.draft_factor(depth)
+
+
+def cycle_decode_seconds(v: Any, cost: Curve, t: int, k: int, first_from_prefill: bool, n_prompt: int) -> float:
+    """The target's decode in a cycle at trace position t that drafts k tokens: k + 1 tokens at their context depth;
+    on the first cycle after a prefill that computed the last prompt token's row, only the k drafts (nothing for a
+    plain step)."""
+    if t == 0 and first_from_prefill:
+        return v(k) * cost.verify_factor(k, n_prompt + k) if k else 0.0
+    return v(k + 1) * cost.verify_factor(k + 1, n_prompt + t + k)
+
+
 # --------------------------------------------------------------------------------------------- fake models
 class TraceTarget:
     """The target as the loop sees it (speculate.LanguageModel): it answers every row with the recorded greedy
@@ -294,7 +310,6 @@ class RecordedDraft:
         from edgespec.costs import VerifyCurve
 
         self.curve = VerifyCurve(cost.draft_verify or cost.verify)
-        self._scale = cost.draft / self.curve(1)
 
     @property
     def n_past(self) -> int:
@@ -306,8 +321,7 @@ class RecordedDraft:
         return common_prefix(self.cached, tokens)
 
     def batch_cost(self, n: int) -> float:
-        base = self.cost.draft if n <= 1 else self.curve(n) * self._scale
-        return base * self.cost.draft_factor(len(self.cached) + n)
+        return draft_call_seconds(self.cost, self.curve, n, len(self.cached) + n)
 
     def _row(self) -> np.ndarray:
         toks, conf = self._cont
@@ -404,16 +418,22 @@ def run_one(
 
 def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int]:
     """Per position t: how many of the draft model's first k_max recorded tokens the target would accept."""
+    return [r for _, r, _ in model_proposals(rec, meta, k_max)]
+
+
+def model_proposals(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[tuple[list[float], int, int]]:
+    """Per position t: the draft model's recorded confidences (first k_max), how many of its tokens the target would
+    accept, and how many it offers (a continuation ends at an end token)."""
     trace, eog = rec["trace"], frozenset(meta["eog_ids"])
     out = []
     for t in range(len(trace)):
-        toks, _ = continuation(rec["segments"], t, int(meta["draft_len"]))
+        toks, conf = continuation(rec["segments"], t, int(meta["draft_len"]))
         r = 0
         while r < min(k_max, len(toks)) and t + r < len(trace) and toks[r] == trace[t + r]:
             r += 1
             if toks[r - 1] in eog:
                 break
-        out.append(r)
+        out.append((list(conf[:k_max]), r, min(k_max, len(toks))))
     return out
 
 
@@ -473,17 +493,6 @@ RULE_GRID = {"K": tuple(range(0, 9)), "theta": (0.0, 0.5, 0.7, 0.8, 0.9, 0.95), 
              "Kn": (1, 2, 4, 8, 16)}
 
 
-def model_proposals(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[tuple[list[float], int, int]]:
-    """Per position t: the draft model's recorded confidences (first k_max), how many of its tokens the target would
-    accept, and how many it offers (a continuation ends at an end token)."""
-    matches = model_matches(rec, meta, k_max)
-    out = []
-    for t, r in enumerate(matches):
-        toks, conf = continuation(rec["segments"], t, int(meta["draft_len"]))
-        out.append((list(conf[:k_max]), r, min(k_max, len(toks))))
-    return out
-
-
 def rule_seconds(
     prompts: Sequence[tuple[int, bool, list[tuple[list[float], int, int]], list[tuple[int, int, int]]]], cost: Curve,
     K: int, theta: float, R: int, Kn: int,
@@ -498,7 +507,6 @@ def rule_seconds(
 
     v = VerifyCurve(cost.verify)
     dv = VerifyCurve(cost.draft_verify or cost.verify)
-    scale = cost.draft / dv(1)
     total = 0.0
     for P, first_from_prefill, model, ngram in prompts:
         n, t, behind = len(model), 0, 1
@@ -519,13 +527,9 @@ def rule_seconds(
                 if k:
                     by_model = True
                     acc = min(k, r)
-                    catch = cost.draft if behind <= 1 else dv(behind) * scale
-                    total += (catch + (k - 1) * cost.draft) * cost.draft_factor(P + t)
-            if t == 0 and first_from_prefill:
-                total += v(k) * cost.verify_factor(k, P + k) if k else 0.0
-            else:
-                total += v(k + 1) * cost.verify_factor(k + 1, P + t + k)
-            total += cost.overhead
+                    total += draft_call_seconds(cost, dv, behind, P + t)  # the catch-up, with the first draft's row
+                    total += sum(draft_call_seconds(cost, dv, 1, P + t + i) for i in range(1, k))
+            total += cycle_decode_seconds(v, cost, t, k, first_from_prefill, P) + cost.overhead
             # the draft's cache: after its own cycle all but its last draft (and the bonus) or up to its first miss;
             # after a lookup or plain cycle it falls behind by every token emitted
             behind = (2 if acc == k else 1) if by_model else behind + acc + 1
@@ -568,10 +572,8 @@ def oracle_seconds(
     v = VerifyCurve(cost.verify)
     o = cost.overhead
 
-    def decode(t: int, k: int) -> float:  # the target's decode of a cycle at position t drafting k (context depth counted)
-        if t == 0 and first_from_prefill:
-            return v(k) * cost.verify_factor(k, n_prompt + k) if k else 0.0
-        return v(k + 1) * cost.verify_factor(k + 1, n_prompt + t + k)
+    def decode(t: int, k: int) -> float:
+        return cycle_decode_seconds(v, cost, t, k, first_from_prefill, n_prompt)
 
     f = [0.0] * (n + 1)
     for t in range(n - 1, -1, -1):
@@ -621,17 +623,18 @@ def predict(
         st, first = run_one(rec, data, None, cost, plain_state, spec)
         runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec)[0] for k in kinds}}
         n = len(rec["trace"])
-        mr = model_matches(rec, data, oracle_cap)
+        mp = model_proposals(rec, data, oracle_cap)
+        mr = [r for _, r, _ in mp]
         props = ngram_proposals(rec, spec, ngram_cap)
         nr = [acc for _, _, acc in props]
         P = len(rec["prompt"])
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
-        mp = model_proposals(rec, data, oracle_cap) if fit_rules else []
         for s in sums:
             s["prompts"] += 1
             s["proposals"].append((P, props))
-            s["rules"].append((P, first, mp, props))
+            if fit_rules:
+                s["rules"].append((P, first, mp, props))
             for k, r in runs.items():
                 s[k].add(r)
             for k, v in oracle.items():

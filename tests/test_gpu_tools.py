@@ -216,26 +216,32 @@ def test_fitted_run_table_is_the_best_table_and_below_the_oracle():
     assert oracle <= sec + 1e-9
 
 
+@pytest.mark.parametrize("deep", [False, True])
 @pytest.mark.parametrize("verify", [FLAT, CPU])
-def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bounded(verify):
-    """rule_seconds charges what the replay charges: with a fixed draft length (no decisions) the engine's model and
-    ngram drafters are the rules (K = 8, no stop, no lookup) and (lookup always, up to 8); the fitted rule is at
-    least as fast as either, as plain decoding, and never faster than the oracle."""
+def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bounded(verify, deep):
+    """rule_seconds charges what the replay charges (decodes dearer with the context depth too): with a fixed draft
+    length (no decisions) the engine's model and ngram drafters are the rules (K = 8, no stop, no lookup) and (lookup
+    always, up to 8); the fitted rule is at least as fast as either, as plain decoding, and never faster than the
+    oracle."""
     data = synthetic_data(3, prompts=2)
-    cost = ps.Curve(verify=dict(verify), draft=0.3 * verify[1], overhead=0.01 * verify[1])
+    table = {"verify": {"8": {"1": 1.0, "8": 1.0}, "80": {"1": 1.6, "8": 1.3}}, "draft": {"8": 1.0, "80": 2.0}} if deep else None
+    cost = ps.Curve(verify=dict(verify), draft=0.3 * verify[1], overhead=0.01 * verify[1], depth_scale=table)
     fixed = SpecConfig(draft_max=8, adaptive=False, ngram_n_min=1)
-    res = ps.predict(data, cost, fixed, kinds=("model", "ngram"))
+    def replayed(kind: str | None) -> float:  # the replay's decode seconds over the prompts, unrounded
+        state = ps.EngineState(cost)
+        return sum(ps.run_one(rec, data, kind, cost, state, fixed)[0].decode_seconds for rec in data["prompts"])
+
     prompts = []
     for rec in data["prompts"]:
         first = ps.run_one(rec, data, None, cost, ps.EngineState(cost), fixed)[1]
         prompts.append((len(rec["prompt"]), first, ps.model_proposals(rec, data, 8), ps.ngram_proposals(rec, fixed, 8)))
     model = ps.rule_seconds(prompts, cost, K=8, theta=0.0, R=1 << 30, Kn=8)
     ngram = ps.rule_seconds(prompts, cost, K=0, theta=0.0, R=0, Kn=8)
-    assert model == pytest.approx(res["overall"]["model"]["seconds"], rel=1e-9)
-    assert ngram == pytest.approx(res["overall"]["ngram"]["seconds"], rel=1e-9)
+    assert model == pytest.approx(replayed("model"), rel=1e-9)
+    assert ngram == pytest.approx(replayed("ngram"), rel=1e-9)
     best, rule = ps.fitted_rule(prompts, cost)
     plain = ps.rule_seconds(prompts, cost, K=0, theta=0.0, R=1 << 30, Kn=1)
-    assert plain == pytest.approx(res["overall"]["plain_seconds"], rel=1e-6)
+    assert plain == pytest.approx(replayed(None), rel=1e-9)
     assert best <= min(model, ngram, plain) + 1e-12
     n = [len(rec["trace"]) for rec in data["prompts"]]
     oracle = sum(ps.oracle_seconds(k, cost, ps.model_matches(rec, data, 8), [a for _, _, a in p[3]], p[1], p[0])
