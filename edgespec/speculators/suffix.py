@@ -42,10 +42,11 @@ class SuffixSpeculator:
         found = self.index.propose(context, max_depth=depth, max_width=self.policy.max_width, max_nodes=4 * self.policy.max_nodes)
         if not len(found):
             return Proposal()
+        first = (found.run, len(context), found.tokens[0])  # what a declined proposal is scored by
         if self.policy.spec.adaptive:
             shape = self.policy.choose(found.run, max(_depths(found.parents)), self.policy.max_nodes)
             if not shape.n_nodes:
-                self._shadow = (found.run, len(context), found.tokens[0])
+                self._shadow = first
                 return Proposal()
             tree = found.fill(shape.rank_paths)
             self.last_rate = shape.rate
@@ -54,8 +55,7 @@ class SuffixSpeculator:
             self.last_rate = float("inf")
         if not len(tree):
             return Proposal()
-        self._last = (tree, found.run)
-        self._first = (found.run, len(context), found.tokens[0])
+        self._last, self._first = (tree, found.run), first
         paths = tree.paths()
         if len(paths) == 1:  # one path: verify it as a chain (no tree sequences)
             chain = [tree.token(i) for i in paths[0]]
