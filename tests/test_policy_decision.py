@@ -227,16 +227,11 @@ def test_hybrid_prefers_the_draft_model_when_it_promises_more_than_a_weak_lookup
 def test_model_plus_suffix_also_prefers_the_draft_model_when_it_promises_more():
     """The same one decision per cycle for the suffix index's trees: its proposal is withdrawn (and scored as a declined
     one) when the draft model promises more tokens per second; with the model plain, the tree is verified."""
-    cost = costs(FLAT, 0.3)
-    spec = SpecConfig()
+    ctrl = confident_controller(FLAT, 0.3, SpecConfig().draft_max)
+    spec = ctrl.spec
     memory = SuffixIndex()
     memory.add_document([1, 2, 3, 4, 9, 8, 7, 6, 5])
-    suffix = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width))
-    est = AcceptanceEstimator(spec.draft_max, decay=1.0)
-    for _ in range(50):
-        est.update(spec.draft_max, spec.draft_max)
-    ctrl = Controller(spec, cost, estimator=est)
-    ctrl._plain = False
+    suffix = SuffixSpeculator(memory, TreePolicy(spec, ctrl.cost.view(0.0), spec.tree_nodes, spec.tree_width))
     hybrid = HybridSpeculator(ModelSpeculator(_Draft([42]), SamplingParams(temperature=0), ctrl), suffix)
     ctx = [20, 21, 1, 2, 3, 4]  # the memory continues this with 9, 8, 7, ... (prior acceptance, far below the model's)
     rate = ctrl.expected_rate()
