@@ -473,7 +473,7 @@ def fitted_run_table(
             while t < n:
                 run, n_tok, acc = props[t]
                 k = 0 if run < 0 else min(table[bucket[min(run, len(bucket) - 1)]], n_tok, n - t - 1)
-                total += v(k + 1) * cost.verify_factor(k + 1, n_prompt + t + k) + cost.overhead
+                total += cycle_decode_seconds(v, cost, t, k, False, n_prompt) + cost.overhead
                 t += min(k, acc) + 1
         return total
 
