@@ -354,7 +354,8 @@ def speculate(
                 if forced:  # the speculator sees its own drafts only; the batch size was not its choice: no timing
                     nf = len(forced)
                     own_kept = min(max(0, n_kept - nf), n_own)
-                    speculator.observe(Outcome(min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new)))
+                    # tokens: those after the forced ones, where the speculator's own proposal starts
+                    speculator.observe(Outcome(min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:])))
                 else:
                     speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new)))
             yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None and not dead_end, lps)

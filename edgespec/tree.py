@@ -429,6 +429,26 @@ def accept_tree_coupled(tree: TokenTree, p_rows: PRows, uniforms: Sequence[float
 
 
 # --------------------------------------------------------------------------------------------------- drafting
+def walk(tree: TokenTree, emitted: Sequence[int]) -> list[tuple[int, int, bool]]:
+    """What verification tried, from the tokens the cycle emitted: (depth, rank, accepted) for each candidate tried,
+    in order (children are tried by rank until one is accepted; all of them when none is)."""
+    out: list[tuple[int, int, bool]] = []
+    node = ROOT
+    for depth, tok in enumerate(emitted, start=1):
+        kids = tree.children(node)
+        nxt = None
+        for rank, c in enumerate(kids):
+            hit = tree.token(c) == tok
+            out.append((depth, rank, hit))
+            if hit:
+                nxt = c
+                break
+        if nxt is None:
+            break
+        node = nxt
+    return out
+
+
 def sample_children(
     q_row: np.ndarray, b: int, rng: np.random.Generator, *, replacement: bool = False
 ) -> list[tuple[int, np.ndarray]]:
@@ -525,4 +545,5 @@ __all__ = [
     "accept_tree_with",
     "outcome_distribution",
     "sample_children",
+    "walk",
 ]

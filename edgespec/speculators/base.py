@@ -51,7 +51,7 @@ class Outcome:
     n_emitted: int
     t_draft: float
     t_verify: float
-    tokens: tuple[int, ...] = ()  # the tokens the cycle added (the accepted drafts, then the target's own)
+    tokens: tuple[int, ...] = ()  # the tokens the cycle added after any a constraint forced: the accepted drafts, then the target's own
 
 
 class Speculator(Protocol):

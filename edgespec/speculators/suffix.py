@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..policy import TreePolicy
 from ..suffix_index import SuffixIndex
-from ..tree import ROOT, TokenTree
+from ..tree import ROOT, TokenTree, walk
 from .base import Outcome, Proposal
 
 
@@ -71,7 +71,7 @@ class SuffixSpeculator:
     def observe(self, outcome: Outcome) -> None:
         if self._last is not None and outcome.n_drafted:
             tree, run = self._last
-            self.policy.observe_walk(run, _walk(tree, outcome.tokens), outcome.t_verify, outcome.n_drafted)
+            self.policy.observe_walk(run, walk(tree, outcome.tokens), outcome.t_verify, outcome.n_drafted)
         else:
             self.policy.observe_plain(outcome.t_verify if not outcome.n_drafted else 0.0, max(outcome.n_emitted, 1))
         self._last = None
@@ -96,26 +96,6 @@ def _depths(parents: Sequence[int]) -> list[int]:
     out: list[int] = []
     for p in parents:
         out.append(1 if p == ROOT else out[p] + 1)
-    return out
-
-
-def _walk(tree: TokenTree, emitted: Sequence[int]) -> list[tuple[int, int, bool]]:
-    """What verification tried, from the tokens the cycle emitted: (depth, rank, accepted) for each candidate tried,
-    in order (children are tried by rank until one is accepted; all of them when none is)."""
-    out: list[tuple[int, int, bool]] = []
-    node = ROOT
-    for depth, tok in enumerate(emitted, start=1):
-        kids = tree.children(node)
-        nxt = None
-        for rank, c in enumerate(kids):
-            hit = tree.token(c) == tok
-            out.append((depth, rank, hit))
-            if hit:
-                nxt = c
-                break
-        if nxt is None:
-            break
-        node = nxt
     return out
 
 
