@@ -140,6 +140,11 @@ class SpecConfig:
     tree_nodes, tree_width: the largest token tree the suffix-index drafter ("suffix", "model+suffix") may verify
         in one decode, and the most candidates per node (width 1 = chains only). The tree actually verified is
         chosen from the measured costs each cycle and is often a short chain on a CPU.
+    draft_siblings: the most alternative candidates a draft model's chain may carry per cycle (draft-model trees:
+        where the draft is unsure of a token, its next-best candidates there, up to tree_width - 1 per position, are
+        verified beside it as leaves in the same decode); 0 = chains only. Added only where the measured verify curve
+        makes the extra rows pay (a GPU-like curve, rarely a CPU's); each one is a root-to-leaf path, so the target
+        is loaded with draft_siblings + 1 llama.cpp sequences for the draft-model kinds.
     """
 
     draft_max: int = 8
@@ -151,6 +156,7 @@ class SpecConfig:
     ngram_draft_max: int = 16
     tree_nodes: int = 8
     tree_width: int = 3
+    draft_siblings: int = 4
 
     def __post_init__(self) -> None:
         _int("draft_max", self.draft_max, 0, 64)
@@ -165,11 +171,13 @@ class SpecConfig:
         _int("ngram_n_min", self.ngram_n_min, 1, 64)
         _int("tree_nodes", self.tree_nodes, 1, 64)
         _int("tree_width", self.tree_width, 1, 8)
+        _int("draft_siblings", self.draft_siblings, 0, 63)
         _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 
 def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
-    """Refuse (ConfigError) a target whose batch cannot hold the token trees the suffix drafters verify.
+    """Refuse (ConfigError) a target whose batch cannot hold the token trees speculation verifies (the suffix
+    drafters' trees; a draft model's chain with its siblings, draft_siblings + 1 paths).
 
     A tree of up to `tree_nodes` drafted nodes is verified in one llama_decode of tree_nodes + 1 tokens (the root is
     the context's last token), with one llama.cpp sequence per root-to-leaf path beside the main one (n_seq_max =
@@ -182,9 +190,9 @@ def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
     if batch < need:
         which = f"n_batch={model.n_batch}" if model.n_batch <= model.n_ctx else f"n_ctx={model.n_ctx}"
         raise ConfigError(
-            f"the suffix drafter verifies token trees of up to {tree_nodes} nodes ({need} tokens and {need} sequences in "
+            f"speculation verifies token trees of up to {tree_nodes} nodes ({need} tokens and {need} sequences in "
             f"one decode): the target's n_batch and n_ctx must be at least {need}, got {which} "
-            f"(raise it, or lower SpecConfig.tree_nodes)"
+            f"(raise it, or lower SpecConfig.tree_nodes, or draft_siblings for a draft model)"
         )
 
 

@@ -159,7 +159,11 @@ class Engine:
             require_compatible(tinfo, dinfo)
         cache_bytes = int(prompt_cache_mb * 2**20)
         kind = drafter if drafter != "auto" else ("model+ngram" if dspec is not None else "none")
-        paths = (spec or SpecConfig()).tree_nodes if kind in TREE_KINDS else 0
+        # tree sequences: the suffix drafters' trees, or a draft model's siblings (draft-model trees)
+        s = spec or SpecConfig()
+        paths = s.tree_nodes if kind in TREE_KINDS else 0
+        if kind in MODEL_KINDS and dspec is not None and s.draft_siblings and s.tree_width > 1:
+            paths = max(paths, s.draft_siblings + 1)
         if paths:
             check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
         t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)
@@ -548,7 +552,8 @@ class Engine:
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
         speculator = make_speculator(
-            kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator
+            kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator,
+            tree_paths=self.target.tree_paths,
         )
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)

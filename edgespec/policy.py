@@ -9,6 +9,8 @@ The estimators (estimators.py) learn acceptance online; here they become decisio
 * `NgramPolicy` plans n-gram lookups, whose draft length is chosen after the lookup from how far the lookup's
   source agrees with the context (the match run).
 * `TreePolicy` plans suffix-index lookups as token trees (tree_shape.py) from the same run model and per-rank rates.
+* `SiblingPolicy` (asked through `Controller.siblings`) decides where a draft model's chain carries the draft's
+  next-best candidates as extra leaves of the verify batch (draft-model trees).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Controller:
         min_gain: float = GATE_MIN_GAIN,
         extend: bool = True,
         probe_budget: float = 0.1,
+        siblings: "SiblingPolicy | None" = None,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -86,6 +89,8 @@ class Controller:
         self.min_gain = min_gain
         self.extend = extend
         self.probe_budget = probe_budget
+        self.sibling_policy = siblings
+        self._rho: float | None = None  # the long-run rate of this cycle's plan (keep_drafting / siblings), cached
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
@@ -147,6 +152,7 @@ class Controller:
         self.decisions[k] += 1
         self._planned = k
         self._confidences = {}
+        self._rho = None
         return k
 
     def _probe_affordable(self, behind: int | None) -> bool:
@@ -202,7 +208,7 @@ class Controller:
             if 1 <= j <= i:
                 a_hat[j - 1] = w * cj + (1.0 - w) * a[j - 1]
         a_hat[i] = w * c + (1.0 - w) * a[i]
-        rho = best_rate(a, self.cost, spec.draft_max, spec.draft_min)
+        rho = self._long_run_rate()
         e_i = expected_tokens(a_hat, i)
         t_i = self.cost.cycle_time(i)
         run, e = float(np.prod(a_hat[:i])), e_i
@@ -213,10 +219,41 @@ class Controller:
                 return True
         return False
 
+    def _long_run_rate(self) -> float:
+        """ρ*: the best long-run rate on the plain estimates (plain decoding included), once per cycle."""
+        if self._rho is None:
+            self._rho = best_rate(self._a(), self.cost, self.spec.draft_max, self.spec.draft_min)
+        return self._rho
+
+    def siblings(self, position: int, confidence: float, n_rows: int, available: int) -> int:
+        """How many of the draft's next-best candidates at `position` to verify beside its drafted token there, as
+        leaves (draft-model trees, `SiblingPolicy`): 0 without a sibling policy, while plain (probes draft chains)
+        or with a fixed draft length. confidence: the draft's for the token it drafted at `position` (as
+        keep_drafting's); n_rows: the verify batch's rows so far (the root, the drafted tokens, earlier siblings);
+        available: the most it may add. The chance the chain reaches `position` is prod â_j over j < position
+        (blended as keep_drafting blends), and the drafted token's doubt is the draft's own, 1 - confidence."""
+        pol = self.sibling_policy
+        if pol is None or available <= 0 or not self.spec.adaptive or self._plain or position < 1:
+            return 0
+        a = self._a()
+        if position > len(a):
+            return 0
+        w = self.confidence_weight
+        self._confidences[position] = float(confidence)
+        reach = 1.0
+        for j in range(1, position):
+            cj = self._confidences.get(j)
+            reach *= float(a[j - 1]) if cj is None else w * cj + (1.0 - w) * float(a[j - 1])
+        miss = 1.0 - float(confidence)  # the draft's own doubt: where it is sure, its alternatives are not worth a row
+        c = self.cost
+        marginal = [c.verify(n_rows + j + 1) - c.verify(n_rows + j) for j in range(available)]
+        return pol.count(reach * miss, marginal, self._long_run_rate())
+
     # -- feedback ------------------------------------------------------------------------------------
 
     def observe(
-        self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float, *, n_catchup: int | None = None
+        self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float, *, n_catchup: int | None = None,
+        n_verified: int | None = None, bonus: int = 0,
     ) -> None:
         """Fold in one finished cycle: n_drafted tokens drafted (0 = a plain step), n_accepted of them
         accepted, t_draft seconds drafting, t_verify seconds in the target decode of n_drafted + 1 tokens.
@@ -226,14 +263,20 @@ class Controller:
         cost covers; a larger catch-up (after plain or lookup cycles) is one batched decode whose time would inflate
         the per-token cost if divided by n_drafted, and with it every later decision (the draft would look dearer
         than it is): such a cycle does not update the draft's cost. Its time still counts against the run it starts.
+
+        A draft-model tree (siblings beside the chain): n_drafted and n_accepted are the chain's (what the position
+        estimates learn from), n_verified the nodes the verify decoded (what the curve learns from), bonus 1 when a
+        sibling was kept (a token the run delivered beyond the chain's).
         """
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         self.cycles += 1
+        self._rho = None
         self.drafted[n_drafted] += 1
         self.tokens_drafted += n_drafted
         self.tokens_accepted += n_accepted
-        self.cost.update_verify(n_drafted + 1, t_verify)
+        n_rows = (n_drafted if n_verified is None else n_verified) + 1
+        self.cost.update_verify(n_rows, t_verify)
         if n_drafted == 0:  # a plain step: next_k already counted it
             return
         if n_catchup is None or n_catchup <= self.STEADY_CATCHUP:
@@ -248,9 +291,12 @@ class Controller:
             else:
                 self._probe_failed()
                 return
-        self._run_tokens += n_accepted + 1
+        self._run_tokens += n_accepted + 1 + bonus
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
-        self._run_seconds += self.cost.cycle_time(n_drafted) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
+        if self.cost.frozen:
+            self._run_seconds += self.cost.cycle_time(n_drafted) + self.cost.verify(n_rows) - self.cost.verify(n_drafted + 1)
+        else:
+            self._run_seconds += t_draft + t_verify + self.cost.overhead
 
     def skipped(self, n_tokens: int) -> None:
         """n_tokens passed in a cycle another drafter made (a lookup's): while plain they count towards the next probe
@@ -328,6 +374,7 @@ class Controller:
             "a_estimate": [round(float(x), 4) for x in self._a()],
             "c_draft": self.cost.c_draft,
             "verify": self.cost.points,
+            **({"siblings": self.sibling_policy.stats()} if self.sibling_policy is not None else {}),
         }
 
 
@@ -514,4 +561,72 @@ class TreePolicy(_LookupPolicy):
         }
 
 
-__all__ = ["AcceptanceEstimator", "Controller", "MatchLengthEstimator", "NgramPolicy", "TreePolicy"]  # estimators re-exported
+# ------------------------------------------------------------------------------------------ draft-model trees
+class SiblingPolicy:
+    """Where a draft model's chain carries siblings: the draft's next-best candidates at a position, verified as
+    leaves beside its drafted token in the same decode (a draft-model tree; tree.py's exact rules verify it).
+
+    A draft model drafts one chain d_1..d_k. Where it is unsure of d_i, its next candidates at i (its top tokens
+    after d_i when it drafts greedily; draws without replacement from q_i with d_i removed when it samples) can ride
+    in the verify batch: if the target rejects d_i and keeps a sibling, the cycle gains that token and the target's
+    own after it (the sibling's row is decoded). Siblings stay leaves: extending them would need draft decodes on
+    other branches. The shape follows the curve, one node at a time: sibling r (1-based among the siblings at a
+    position) is added when its expected gain
+
+        g_r = reach (1 - β_1) ... (1 - β_{r-1}) β_r,    reach = P(the chain gets to i) (1 - c_i)
+
+    beats both `min_gain` and ρ* Δt_r, with ρ* the controller's long-run rate and Δt_r what one more row costs the
+    verify on the curve (the renewal-reward rule keep_drafting uses for one more chain token). Where rows are dear (a
+    CPU) nothing is added; where a row is almost free (a GPU) unsure positions get siblings. β_r is the chance that
+    sibling r is kept given that d_i and the better siblings were not: learnt per rank from what verification tried
+    (decayed counts shrunk to PRIOR). Kept small: at most `width` - 1 siblings at a position and `max_siblings` in
+    a cycle (each is one more root-to-leaf path: llama.cpp sequence ids the target must be loaded with).
+    """
+
+    PRIOR = 0.15
+    PRIOR_WEIGHT = 2.0
+
+    def __init__(self, max_siblings: int, width: int = 3, *, min_gain: float = 0.02, decay: float = 0.995) -> None:
+        if max_siblings < 0 or width < 1:
+            raise ValueError("need max_siblings >= 0 and width >= 1")
+        self.max_siblings = max_siblings
+        self.width = width
+        self.min_gain = min_gain
+        self.decay = decay
+        self.hits = np.zeros(max(width - 1, 0))
+        self.tries = np.zeros(max(width - 1, 0))
+        self.added = 0  # siblings verified
+        self.kept = 0  # siblings the target kept
+
+    def rates(self) -> np.ndarray:
+        """β_r for sibling ranks r = 1..width - 1."""
+        return (self.hits + self.PRIOR_WEIGHT * self.PRIOR) / (self.tries + self.PRIOR_WEIGHT)
+
+    def count(self, reach: float, marginal: list[float], rho: float) -> int:
+        """How many siblings to add at a position the chain reaches and loses with probability `reach`; marginal[j]:
+        the verify's extra seconds for sibling j + 1 (at most len(marginal) are added); rho: tokens per second."""
+        n = 0
+        for beta, dt in zip(self.rates(), marginal):
+            gain = reach * float(beta)
+            if gain <= self.min_gain or gain <= rho * dt:
+                break
+            n += 1
+            reach *= 1.0 - float(beta)
+        return n
+
+    def observe(self, tried: int, kept: bool, n_emitted: int = 1) -> None:
+        """At a position where the drafted token was rejected, `tried` siblings were tried in rank order and the last
+        one was kept (kept True) or all were rejected; n_emitted tokens passed (ages the counts)."""
+        factor = self.decay ** max(n_emitted, 0)
+        self.hits *= factor
+        self.tries *= factor
+        for r in range(min(tried, len(self.tries))):
+            self.tries[r] += 1
+            self.hits[r] += float(kept and r == tried - 1)
+        self.kept += int(kept and tried > 0)
+
+    def stats(self) -> dict:
+        return {"added": self.added, "kept": self.kept, "rank_acceptance": [round(float(x), 4) for x in self.rates()]}
+
+
+__all__ = ["AcceptanceEstimator", "Controller", "MatchLengthEstimator", "NgramPolicy", "SiblingPolicy", "TreePolicy"]  # estimators re-exported

@@ -14,7 +14,7 @@ from ..config import SamplingParams, SpecConfig
 from ..costs import CostModel, draft_model_pays
 from ..ngram import NgramIndex
 from ..estimators import AcceptanceEstimator, MatchLengthEstimator
-from ..policy import Controller, NgramPolicy, TreePolicy
+from ..policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
 from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
 from .hybrid import HybridSpeculator
@@ -44,13 +44,16 @@ def make_speculator(
     memory: SuffixIndex | None = None,
     run_estimator: MatchLengthEstimator | None = None,
     draft_estimator: AcceptanceEstimator | None = None,
+    tree_paths: int = 0,
 ) -> Speculator | None:
     """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
     model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
     pay on this hardware, "model+ngram" is the lookup alone and "model" is plain decoding: the draft does no work.
     run_estimator: how reliable lookups are by match run, learnt so far (the engine keeps one across generations:
     a new generation need not learn it again); draft_estimator: the same for the draft model's acceptance by position
-    (covering at least spec.draft_max positions, else a fresh one is used)."""
+    (covering at least spec.draft_max positions, else a fresh one is used). tree_paths: the tree sequences the target
+    was loaded with; a draft model's chain carries up to min(spec.draft_siblings, tree_paths - 1) siblings a cycle
+    (draft-model trees, SiblingPolicy), none with fewer than 2."""
     if kind not in KINDS:
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "none" or spec.draft_max == 0:
@@ -68,7 +71,10 @@ def make_speculator(
         raise ValueError(f"speculator {kind!r} needs a draft model")
     if draft_estimator is not None and draft_estimator.k_max < spec.draft_max:
         draft_estimator = None  # learnt for shorter drafts than this generation's: start afresh
-    model = ModelSpeculator(draft_model, sampling, Controller(spec, cost, estimator=draft_estimator), spec.draft_temperature)
+    n_siblings = min(spec.draft_siblings, tree_paths - 1) if spec.adaptive else 0
+    siblings = SiblingPolicy(n_siblings, spec.tree_width) if n_siblings > 0 and spec.tree_width > 1 else None
+    controller = Controller(spec, cost, estimator=draft_estimator, siblings=siblings)
+    model = ModelSpeculator(draft_model, sampling, controller, spec.draft_temperature)
     return model if lookup is None else HybridSpeculator(model, lookup)
 
 

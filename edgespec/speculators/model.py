@@ -14,6 +14,7 @@ from ..constraint import TokenConstraint, apply_mask
 from ..policy import Controller
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
+from ..tree import ROOT, TokenTree, sample_children, walk
 from .base import Outcome, Proposal
 
 
@@ -62,6 +63,14 @@ class ModelSpeculator:
     each drafted position's logits are masked as the target's will be, so the draft never proposes a token the
     grammar forbids there; q is the masked distribution it really sampled from (exactness needs nothing more). The
     matcher is left where it was.
+
+    Draft-model trees (the controller has a `SiblingPolicy`): after each drafted token the controller says how many
+    of the draft's next-best candidates at that position to verify beside it (`Controller.siblings`, from the curve
+    and the draft's confidence), and the proposal becomes a tree (the chain, with those candidates as leaves). Greedy:
+    the draft's top tokens after d_i, deterministic children. Sampling: draws without replacement from q_i with d_i
+    removed (sibling j carries q_i without d_i and siblings 1..j-1, renormalised: tree.sample_children), so the tree
+    rule is recursive rejection sampling over d_i and its siblings; how many are drawn is decided before drawing them
+    (from q_i(d_i) and the estimates), which keeps it exact. Seeded generations draft chains.
     """
 
     name = "model"
@@ -76,6 +85,7 @@ class ModelSpeculator:
         self.constraint: TokenConstraint | None = None
         self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
         self._catchup = 0  # context tokens the last draft had to catch up on before drafting
+        self._tree: tuple[TokenTree, int, list[int]] | None = None  # the last tree: (tree, chain length, siblings per position)
 
     # -- the contract -------------------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
@@ -90,11 +100,29 @@ class ModelSpeculator:
         return self._draft(context, k, rng, behind)
 
     def observe(self, outcome: Outcome) -> None:
-        self.controller.observe(
-            outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify,
-            n_catchup=self._catchup if outcome.n_drafted else None,
-        )
+        catchup = self._catchup if outcome.n_drafted else None
+        if self._tree is not None and outcome.n_drafted:
+            self._observe_tree(outcome, catchup)
+        else:
+            self.controller.observe(outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify, n_catchup=catchup)
         self._catchup = 0
+        self._tree = None
+
+    def _observe_tree(self, outcome: Outcome, catchup: int | None) -> None:
+        """A verified draft-model tree: the chain's part teaches the controller's position estimates, the siblings'
+        the sibling policy, the nodes decoded the curve."""
+        assert self._tree is not None
+        tree, k, per_position = self._tree
+        path = walk(tree, outcome.tokens[: outcome.n_accepted])  # the accepted nodes: every entry up to the last hit
+        kept = [(d, r) for d, r, hit in path if hit]
+        m = sum(1 for _, r in kept if r == 0)  # chain tokens kept (a kept sibling ends the path: it is a leaf)
+        sibling = kept[-1][1] if len(kept) > m else 0  # its rank among the children (1 = the best sibling)
+        self.controller.observe(
+            k, m, outcome.t_draft, outcome.t_verify, n_catchup=catchup, n_verified=outcome.n_drafted, bonus=int(sibling > 0)
+        )
+        pol = self.controller.sibling_policy
+        if pol is not None and m < k and per_position[m]:  # d_{m+1} was rejected with siblings beside it
+            pol.observe(sibling if sibling else per_position[m], sibling > 0, outcome.n_emitted)
 
     def observe_foreign(self, outcome: Outcome) -> None:
         """A cycle another speculator drafted (the hybrid's lookup) emitted outcome.n_emitted tokens."""
@@ -131,6 +159,10 @@ class ModelSpeculator:
         history = list(context)
         c = self.constraint
         advanced = 0
+        pol = self.controller.sibling_policy
+        branch = pol is not None and pol.max_siblings > 0 and not isinstance(rng, PositionalUniforms)
+        siblings: list[list[tuple[int, np.ndarray | None]]] = []  # per drafted position
+        n_siblings = 0
         try:
             for i in range(1, k + 1):
                 if c is not None:
@@ -142,6 +174,15 @@ class ModelSpeculator:
                 prop.tokens.append(d)
                 prop.q.append(q_row)
                 history.append(d)
+                alts: list[tuple[int, np.ndarray | None]] = []
+                if branch:
+                    assert pol is not None
+                    available = min(pol.width - 1, pol.max_siblings - n_siblings)
+                    b = self.controller.siblings(i, conf, i + n_siblings + 1, available)
+                    if b:
+                        alts = _alternatives(logits, d, q_row, b, rng)  # type: ignore[arg-type]
+                        n_siblings += len(alts)
+                siblings.append(alts)
                 if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf):
                     break
                 if c is not None:
@@ -152,6 +193,12 @@ class ModelSpeculator:
         finally:
             if c is not None:
                 c.rollback(advanced)
+        if n_siblings:
+            assert pol is not None
+            pol.added += n_siblings
+            tree = _chain_with_siblings(prop.tokens, prop.q, siblings)
+            self._tree = (tree, len(prop.tokens), [len(a) for a in siblings])
+            return Proposal(source=self.name, tree=tree)
         return prop
 
     def _pick(
@@ -165,6 +212,39 @@ class ModelSpeculator:
         # seeded: the uniform of this position, shared with the target's own sample there
         d = sample_at(q_row, rng.at(len(history))) if isinstance(rng, PositionalUniforms) else sample(q_row, rng)
         return d, q_row, float(q_row[d])
+
+
+def _alternatives(
+    logits: np.ndarray, d: int, q_row: np.ndarray | None, b: int, rng: np.random.Generator
+) -> list[tuple[int, np.ndarray | None]]:
+    """Up to b candidates at a drafted position besides its token d, each with the row it was drawn from. Greedy
+    (q_row None): the draft's next-best tokens (logits not -inf, masked ones excluded), deterministic. Sampling: draws
+    without replacement from q_row with d removed, renormalised (none when q_row has no other token)."""
+    if q_row is None:
+        top = np.argpartition(logits, -(b + 1))[-(b + 1) :]
+        ranked = [int(t) for t in top[np.argsort(-logits[top], kind="stable")] if int(t) != d and np.isfinite(logits[t])]
+        return [(t, None) for t in ranked[:b]]
+    rest = np.array(q_row, dtype=np.float64)
+    rest[d] = 0.0
+    total = rest.sum()
+    if not total > 0.0:
+        return []
+    return [(x, row) for x, row in sample_children(rest / total, b, rng)]
+
+
+def _chain_with_siblings(
+    tokens: Sequence[int], q: Sequence[np.ndarray | None], siblings: Sequence[Sequence[tuple[int, np.ndarray | None]]]
+) -> TokenTree:
+    """The drafted chain d_1..d_k with, beside each d_i (its first child), the siblings drafted at position i as
+    leaves."""
+    tree = TokenTree()
+    parent = ROOT
+    for d, q_row, alts in zip(tokens, q, siblings):
+        node = tree.add(parent, d, q_row)
+        for x, row in alts:
+            tree.add(parent, x, row)
+        parent = node
+    return tree
 
 
 __all__ = ["DraftModel", "ModelSpeculator", "top_probability"]
