@@ -171,7 +171,7 @@ class Controller:
             return max(k, self.spec.draft_max)
         return k
 
-    def keep_drafting(self, position: int, confidence: float) -> bool:
+    def keep_drafting(self, position: int, confidence: float, extra_rows: int = 0) -> bool:
         """After drafting token i = position (1-based) with confidence c, should it draft token i + 1?
 
         c is the draft's probability of the token it just drafted (or its max probability for the next
@@ -186,7 +186,9 @@ class Controller:
 
             continue  ⇔  max_{m>i} [E(m) - E(i)] - ρ* [T(m) - T(i)] > 0,
 
-        with E computed from â. (Stopping restarts a cycle whose rate is ρ*; renewal-reward.) Probe cycles
+        with E computed from â. (Stopping restarts a cycle whose rate is ρ*; renewal-reward.) extra_rows: verify rows
+        the cycle already holds beyond its chain (a draft-model tree's siblings), so that T counts them: a chain that
+        would push the verify over a cliff with them stops before it. Probe cycles
         draft their full length, no cycle stops before spec.draft_min, and with adaptive False it is simply
         i < draft_max.
         """
@@ -210,12 +212,14 @@ class Controller:
         a_hat[i] = w * c + (1.0 - w) * a[i]
         rho = self._long_run_rate()
         e_i = expected_tokens(a_hat, i)
-        t_i = self.cost.cycle_time(i)
+        cm = self.cost
+        t_i = cm.cycle_time(i) + (cm.verify(i + 1 + extra_rows) - cm.verify(i + 1) if extra_rows else 0.0)
         run, e = float(np.prod(a_hat[:i])), e_i
         for m in range(i + 1, spec.draft_max + 1):
             run *= float(a_hat[m - 1])
             e += run
-            if (e - e_i) - rho * (self.cost.cycle_time(m) - t_i) > 0:
+            t_m = cm.cycle_time(m) + (cm.verify(m + 1 + extra_rows) - cm.verify(m + 1) if extra_rows else 0.0)
+            if (e - e_i) - rho * (t_m - t_i) > 0:
                 return True
         return False
 

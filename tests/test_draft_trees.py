@@ -75,6 +75,17 @@ def test_sibling_gain_shrinks_with_the_chance_of_getting_there():
     assert ctrl.siblings(4, 0.2, 5, 2) == 0
 
 
+def test_a_chain_with_siblings_stops_before_the_cliff_they_bring_closer():
+    """A100-like cliff: 9 verify rows cost 3.9x one. A confident chain drafts up to 7 tokens (8 rows); with 2
+    siblings already in the batch it stops 2 tokens earlier."""
+    cliff = {1: 1.0, 2: 1.05, 4: 1.15, 8: 1.45, 9: 3.9, 16: 4.3}
+    ctrl = speculating(cliff, draft_max=16, a=0.999)
+    ctrl.next_k()
+    assert ctrl.keep_drafting(6, 0.999) and not ctrl.keep_drafting(7, 0.999)
+    ctrl.next_k()
+    assert ctrl.keep_drafting(4, 0.999, extra_rows=2) and not ctrl.keep_drafting(5, 0.999, extra_rows=2)
+
+
 def test_the_policy_learns_per_rank_acceptance_and_counts_against_the_rate():
     pol = SiblingPolicy(4, 3, decay=1.0)
     prior = pol.rates().copy()

@@ -183,7 +183,7 @@ class ModelSpeculator:
                         alts = _alternatives(logits, d, q_row, b, rng)  # type: ignore[arg-type]
                         n_siblings += len(alts)
                 siblings.append(alts)
-                if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf):
+                if i == k or self.model.is_eog(d) or not self.controller.keep_drafting(i, conf, n_siblings):
                     break
                 if c is not None:
                     if not c.advance(d):  # pragma: no cover - d came from the masked row
