@@ -57,7 +57,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to this script
 
-from record_traces import continuation  # noqa: E402
+from record_traces import continuation, continuation_with_alternatives  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
@@ -278,13 +278,28 @@ class TraceTarget:
         return token in self.eog
 
 
-def logits_row(token: int, confidence: float) -> np.ndarray:
-    """A logits row whose argmax is `token` and whose top softmax probability is `confidence`."""
+def logits_row(token: int, confidence: float, alternatives: Sequence[tuple[int, float]] = ()) -> np.ndarray:
+    """A logits row whose argmax is `token` and whose top softmax probability is `confidence`; with alternatives
+    [(token, probability), ...] (the draft's next-best tokens, recorded), those rank next with those probabilities
+    (kept strictly below the drafted token: a recorded near-tie rounds to a tie; scaled down where they and the
+    confidence add up to more than 1, as a second recording pass can give). The rest of the mass is spread evenly below
+    them, over as many entries as that takes, so the top probability stays `confidence`."""
     c = min(max(float(confidence), 1e-4), 1.0)
-    n = max(token + 1, int(1.0 / c) + 2)
-    rest = 1.0 / c - 1.0
-    v = math.log(rest / (n - 1)) if rest > 0 else -1e4
+    alts = [(int(t), max(float(p), 1e-6)) for t, p in alternatives if int(t) != token]
+    total = sum(p for _, p in alts)
+    if total > (1.0 - c) * 0.999:  # recorded in another pass than the confidence (its numerics differ a little): scaled
+        alts = [(t, max(p * (1.0 - c) * 0.999 / total, 1e-9)) for t, p in alts]  # so that the row holds both
+    logit = {t: min(math.log(p / c), -1e-4) for t, p in alts}  # relative to the drafted token's 0
+    rest = 1.0 / c - 1.0 - sum(math.exp(x) for x in logit.values())  # the others' mass, in units of exp(0)
+    n = max([token + 1, int(1.0 / c) + 2] + [t + 1 for t in logit])
+    others = n - 1 - len(logit)
+    if rest > 1e-9 and logit:  # each of the others below the smallest alternative: enough of them to hold the rest
+        others = max(others, math.ceil(rest / math.exp(min(logit.values()) - 1e-3)))
+        n = others + 1 + len(logit)
+    v = math.log(rest / others) if rest > 1e-9 and others > 0 else -1e4
     row = np.full(n, v, dtype=np.float32)
+    for t, x in logit.items():
+        row[t] = x
     row[token] = 0.0
     return row
 
@@ -292,7 +307,9 @@ def logits_row(token: int, confidence: float) -> np.ndarray:
 class RecordedDraft:
     """The draft model as ModelSpeculator sees it (speculators.model.DraftModel): after a context of prompt +
     trace[:t] it drafts the recorded greedy continuation of position t, one token per decode, with rows whose top
-    probability is the recorded confidence. Charges draft per decoded token and a batch cost for catch-ups."""
+    probability is the recorded confidence (and, from format-2 traces, whose next-best tokens are the recorded
+    alternatives: what a draft-model tree puts beside the drafted token). Charges draft per decoded token and a
+    batch cost for catch-ups."""
 
     n_ctx = 1 << 30
     n_vocab = 1 << 30  # never "foreign": the recording only holds ids of the real vocabulary
@@ -306,6 +323,7 @@ class RecordedDraft:
         self.clock = clock
         self.cached: list[int] = []
         self._cont: tuple[list[int], list[float]] = ([], [])
+        self._alts: list[list[tuple[int, float]]] | None = None  # per drafted position (format-2 traces), else None
         self._i = 0
         from edgespec.costs import VerifyCurve
 
@@ -330,7 +348,8 @@ class RecordedDraft:
                 f"the draft was asked for token {self._i + 1} of a recorded continuation of {len(toks)} "
                 f"(recorded draft_len {self.draft_len}: use --draft-max <= {self.draft_len})"
             )
-        return logits_row(toks[self._i], conf[self._i])[None]
+        alts = self._alts[self._i] if self._alts is not None else ()
+        return logits_row(toks[self._i], conf[self._i], alts)[None]
 
     def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
         from edgespec.prompt_cache import common_prefix
@@ -344,7 +363,8 @@ class RecordedDraft:
         self.cached = tokens
         if not rows:
             return np.empty((0, 1), np.float32)
-        self._cont = continuation(self.segments, len(tokens) - self.P, self.draft_len)
+        toks, conf, self._alts = continuation_with_alternatives(self.segments, len(tokens) - self.P, self.draft_len)
+        self._cont = (toks, conf)
         self._i = 0
         return self._row()
 
@@ -400,7 +420,7 @@ def run_one(
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
         speculator = make_speculator(kind, spec, sampling, cm, draft, memory=state.memory, run_estimator=state.run_estimator,
-                                     draft_estimator=state.draft_estimator)
+                                     draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta))
         if model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
@@ -414,6 +434,39 @@ def run_one(
     if kind is not None:
         state.draft_cost = cm.c_draft
     return stats, target.prefill_rows
+
+
+def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
+    """The tree sequences Engine.load gives the target for `kind`: the suffix drafters' tree_nodes, a draft model's
+    draft_siblings + 1 (only from format-2 traces, which record the draft's alternatives)."""
+    from edgespec.speculators import MODEL_KINDS, TREE_KINDS
+
+    paths = spec.tree_nodes if kind in TREE_KINDS else 0
+    if kind in MODEL_KINDS and meta.get("format", 1) >= 2 and spec.draft_siblings and spec.tree_width > 1:
+        paths = max(paths, spec.draft_siblings + 1)
+    return paths
+
+
+def model_sibling_hits(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int] | None:
+    """Per position t: where the draft's recorded chain (first k_max tokens) first disagrees with the trace, the rank
+    (1, 2, ...) of the trace's token among the draft's recorded alternatives there, 0 when it is not among them or
+    the chain does not disagree within k_max; None for traces without alternatives (format 1)."""
+    if meta.get("format", 1) < 2:
+        return None
+    trace, eog = rec["trace"], frozenset(meta["eog_ids"])
+    out = []
+    for t in range(len(trace)):
+        toks, _, alts = continuation_with_alternatives(rec["segments"], t, int(meta["draft_len"]))
+        r, hit, lim = 0, 0, min(k_max, len(toks))
+        while r < lim and t + r < len(trace) and toks[r] == trace[t + r]:  # as model_proposals counts them
+            r += 1
+            if toks[r - 1] in eog:
+                r = lim  # the chain ended at an end token: no miss
+                break
+        if alts is not None and r < lim and t + r < len(trace):
+            hit = next((j + 1 for j, (x, _) in enumerate(alts[r]) if x == trace[t + r]), 0)
+        out.append(hit)
+    return out
 
 
 def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int]:
@@ -561,12 +614,14 @@ def fitted_rule(
 
 def oracle_seconds(
     n: int, cost: Curve, model_r: Sequence[int] | None, ngram_r: Sequence[int] | None, first_from_prefill: bool = False,
-    n_prompt: int = 0,
+    n_prompt: int = 0, model_sib: Sequence[int] | None = None,
 ) -> float:
     """The fewest modelled seconds to produce n tokens when every cycle may decode plainly or draft any k up to the
     number of tokens its proposal will get accepted (dynamic programming over positions). first_from_prefill: the
     loop's prefill already decoded the last prompt token, so the first cycle decodes only its k drafts (verify(k),
-    nothing for a plain first token)."""
+    nothing for a plain first token). model_sib (the tree oracle, model_sibling_hits): where the trace's token at the
+    chain's first miss is among the draft's alternatives, a cycle may also draft the chain up to that miss with the
+    matching alternative beside it (one more row) and emit one token more."""
     from edgespec.costs import VerifyCurve
 
     v = VerifyCurve(cost.verify)
@@ -582,6 +637,9 @@ def oracle_seconds(
         if model_r is not None:
             for k in range(1, min(model_r[t], room) + 1):
                 best = min(best, k * cost.draft * cost.draft_factor(n_prompt + t) + decode(t, k) + o + f[t + k + 1])
+            if model_sib is not None and model_sib[t] and model_r[t] + 1 <= room:
+                k = model_r[t] + 1  # the chain through its miss, the alternative beside the missed token: k + 1 nodes
+                best = min(best, k * cost.draft * cost.draft_factor(n_prompt + t) + decode(t, k + 1) + o + f[t + k + 1])
         if ngram_r is not None:
             for k in range(1, min(ngram_r[t], room) + 1):
                 best = min(best, decode(t, k) + o + f[t + k + 1])
@@ -611,7 +669,8 @@ def predict(
     plain_state = EngineState(cost)
 
     def new_sums() -> dict[str, Any]:
-        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0},
+        oracles = {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0, "model tree": 0.0, "model+ngram tree": 0.0}
+        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": oracles,
                 "proposals": [], "rules": []}
 
     per_suite: dict[str, dict[str, Any]] = {}
@@ -630,6 +689,10 @@ def predict(
         P = len(rec["prompt"])
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
+        sib = model_sibling_hits(rec, data, oracle_cap)
+        if sib is not None:  # the tree oracles: chains, or a chain with the matching alternative at its miss
+            oracle["model tree"] = oracle_seconds(n, cost, mr, None, first, P, sib)
+            oracle["model+ngram tree"] = oracle_seconds(n, cost, mr, nr, first, P, sib)
         for s in sums:
             s["prompts"] += 1
             s["proposals"].append((P, props))
@@ -655,7 +718,7 @@ def predict(
                 "acceptance": round(side.acceptance, 4) if side.n_drafted else None,
                 "sources": dict(sorted(side.source_counts.items())),
             }
-        out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items()}
+        out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items() if v > 0}
         if fit:
             sec, table = fitted_run_table(s["proposals"], cost, ngram_cap)
             out["fitted_ngram"] = {"speedup": round(plain.decode_seconds / sec, 4), "k_by_run": table}
@@ -744,6 +807,8 @@ def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], r
                     "default": s["model+ngram"]["speedup"], "oracle_default": s["oracle"]["model+ngram"],
                     "model": s["model"]["speedup"], "oracle_model": s["oracle"]["model"],
                     "model_used": res["draft_model_used"],
+                    **({"oracle_default_tree": s["oracle"]["model+ngram tree"], "oracle_model_tree": s["oracle"]["model tree"]}
+                       if "model tree" in s["oracle"] else {}),
                     "default_sources": s["model+ngram"]["sources"],
                     **({"fitted_rule": s["fitted_rule"]["speedup"]} if fit_rules else {}),
                 })
@@ -770,11 +835,14 @@ def goals_check(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
     fitted = bool(rows) and "fitted_rule" in rows[0]
+    trees = bool(rows) and "oracle_default_tree" in rows[0]
     head = ["profile", "draft", "suite", "default", "oracle m+n", "ratio", "model", "oracle model", "ratio"]
+    head += ["tree oracle m+n", "tree oracle model"] if trees else []
     head += ["fitted rule", "default/fitted"] if fitted else []
     body = [[r["profile"], f"{r['draft']:g}", r["suite"], f"{r['default']:.2f}", f"{r['oracle_default']:.2f}",
              f"{r['default'] / r['oracle_default']:.2f}", f"{r['model']:.2f}" if r["model_used"] else "off",
              f"{r['oracle_model']:.2f}", f"{r['model'] / r['oracle_model']:.2f}"]
+            + ([f"{r['oracle_default_tree']:.2f}", f"{r['oracle_model_tree']:.2f}"] if trees else [])
             + ([f"{r['fitted_rule']:.2f}", f"{r['default'] / r['fitted_rule']:.2f}"] if fitted else []) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
@@ -782,6 +850,8 @@ def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
     lines += ["", "default = model+ngram (the engine's drafter with a draft model), x plain decoding; oracle m+n = the best "
               "any policy drafting from the same proposals could do; model = the draft model alone ('off' = the engine "
               "does not run it on this curve: plain decoding); draft = the draft's cost in target tokens."
+              + (" tree oracle = the same bound when a cycle may also verify the draft's recorded alternative (draft-model "
+                 "trees) beside the token where its chain misses." if trees else "")
               + (" fitted rule = the best fixed rule 'the lookup when its match run >= R (up to Kn tokens), else the "
                  "draft model while its confidence >= theta (up to K)', fitted on the suite's own traces in hindsight "
                  "(overall: each suite its own rule): what a policy deciding from those two signals can reach."
@@ -797,7 +867,7 @@ def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
 def load_traces(path: str | Path) -> dict[str, Any]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
-    if data.get("format") != 1:
+    if data.get("format") not in (1, 2):
         raise ValueError(f"{path}: unknown traces format {data.get('format')}")
     return data
 
@@ -915,6 +985,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"drafters to replay, comma-separated, of {', '.join(KINDS + TREE_KINDS)} (default {','.join(KINDS)})")
     ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--draft-siblings", type=int, default=None,
+                    help="the most alternatives a draft model's chain may carry a cycle (draft-model trees; default SpecConfig's; "
+                         "0 = chains; needs format-2 traces, which record the draft's alternatives)")
     ap.add_argument("--ngram-draft-max", type=int, default=None, help="most tokens an n-gram lookup drafts (default: SpecConfig's)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
@@ -931,12 +1004,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
     a = ap.parse_args(argv)
 
-    from edgespec.config import SpecConfig
+    from dataclasses import replace
 
-    spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k)
-    if a.ngram_draft_max is not None:
-        spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k, ngram_draft_max=a.ngram_draft_max)
+    from edgespec.config import SpecConfig
+    from edgespec.errors import ConfigError
+
     try:
+        spec = SpecConfig(draft_max=a.draft_max, adaptive=not a.fixed_k)
+        if a.ngram_draft_max is not None:
+            spec = replace(spec, ngram_draft_max=a.ngram_draft_max)
+        if a.draft_siblings is not None:
+            spec = replace(spec, draft_siblings=a.draft_siblings)
         rels = [float(x) for x in a.draft_relative.split(",") if x.strip()] if a.draft_relative else []
         kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip())
         unknown = [k for k in kinds if k not in KINDS + TREE_KINDS]
@@ -956,7 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in costs:
             c.python_time = a.python_time
         scale = load_curve(a.depth_scale) if a.depth_scale else None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2
     if a.profiles is not None:

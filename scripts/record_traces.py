@@ -16,10 +16,14 @@ Recording is cheap because a greedy continuation from t + 1 is the one from t sh
 draft's first token equals trace[t] (same context, deterministic): the draft then decodes one more token. Only a
 divergence starts a new continuation ("segment"). The file stores segments, not one continuation per position:
 
-    {"format": 1, "draft_len": L, "max_tokens": N, "target": ..., "draft": ..., "n_vocab": V, "eog_ids": [...],
+    {"format": 2, "draft_len": L, "max_tokens": N, "target": ..., "draft": ..., "n_vocab": V, "eog_ids": [...],
      "recorded": ..., "machine": ...,
      "prompts": [{"suite", "index", "name", "prompt": [ids], "trace": [ids], "stop": "eos"|"length",
-                  "segments": [[t0, [tokens...], [confidences x 1e4, ints]], ...]}]}
+                  "segments": [[t0, [tokens...], [confidences x 1e4, ints], [alternatives...]], ...]}]}
+
+Format 2 adds each drafted position's alternatives: the draft's next-best tokens there (ranks 2 and 3) and their
+probabilities x 1e4, as [token2, p2, token3, p3] (what a draft-model tree would put beside the drafted token).
+Format 1 files (no alternatives) are still read.
 
 Position t's continuation is segment[t - t0 : t - t0 + L] of the segment with the largest t0 <= t, cut after an
 end-of-generation token (the draft stops there). Written as gzip'd JSON (the 5 suites: well under 1 MB).
@@ -31,6 +35,7 @@ import argparse
 import datetime
 import gzip
 import json
+import math
 import os
 import platform
 import sys
@@ -41,7 +46,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "data" / "traces.json.gz"
-FORMAT = 1
+FORMAT = 2
+N_ALTS = 2  # alternatives recorded per drafted position (ranks 2..N_ALTS + 1)
 CONF_SCALE = 10_000  # confidences are stored as round(p * CONF_SCALE)
 
 
@@ -59,6 +65,7 @@ def record_segments(draft: Any, context: list[int], trace: list[int], draft_len:
     draft.reset()
     seg_tokens: list[int] = []
     seg_conf: list[int] = []
+    seg_alts: list[list[int]] = []
     t0 = -1
     logits = None  # the draft's logits after its cache (the next token's), None = must resync
     for t in range(len(trace)):
@@ -66,8 +73,8 @@ def record_segments(draft: Any, context: list[int], trace: list[int], draft_len:
         if need_new:
             # a new segment from context full[:P + t]
             if t0 >= 0:
-                segments.append([t0, seg_tokens, seg_conf])
-            t0, seg_tokens, seg_conf = t, [], []
+                segments.append([t0, seg_tokens, seg_conf, seg_alts])
+            t0, seg_tokens, seg_conf, seg_alts = t, [], [], []
             logits = draft.sync(full[: P + t])[0]
         # extend the segment until it covers positions t .. t + draft_len - 1 (or ends at an end token)
         while len(seg_tokens) < (t - t0) + draft_len and not (seg_tokens and draft.is_eog(seg_tokens[-1])):
@@ -76,15 +83,59 @@ def record_segments(draft: Any, context: list[int], trace: list[int], draft_len:
             d = greedy_token(logits, params, full[: P + t0] + seg_tokens)
             seg_tokens.append(int(d))
             seg_conf.append(int(round(top_probability(logits) * CONF_SCALE)))
+            seg_alts.append(alternatives(logits, int(d)))
             logits = None
     if t0 >= 0:
-        segments.append([t0, seg_tokens, seg_conf])
+        segments.append([t0, seg_tokens, seg_conf, seg_alts])
     return segments
+
+
+def add_alternatives(draft: Any, context: list[int], trace: list[int], segments: list[list[Any]]) -> list[list[Any]]:
+    """The segments of a format-1 recording with each drafted position's alternatives added: the draft decodes each
+    recorded segment again (context + trace[:t0], then the recorded tokens one by one) and ranks its other tokens at
+    every position. The recorded tokens and confidences are kept as they are (the replay's traces do not change)."""
+    full = list(context) + list(trace)
+    P = len(context)
+    draft.reset()
+    out: list[list[Any]] = []
+    for t0, toks, conf, *_ in segments:
+        logits = draft.sync(full[: P + t0])[0]
+        alts: list[list[int]] = []
+        for j, d in enumerate(toks):
+            if j:
+                logits = draft.decode([toks[j - 1]], draft.n_past, (0,))[0]
+            alts.append(alternatives(logits, int(d)))
+        out.append([t0, toks, conf, alts])
+    return out
+
+
+def alternatives(logits: Any, d: int, n: int = N_ALTS) -> list[int]:
+    """The draft's next-best tokens after d and their probabilities (softmax of the raw logits) x CONF_SCALE, as
+    [token2, p2, token3, p3, ...]."""
+    import numpy as np
+
+    row = np.asarray(logits, dtype=np.float64)
+    top = np.argpartition(row, -(n + 1))[-(n + 1) :]
+    top = top[np.argsort(-row[top], kind="stable")]
+    z = float(np.exp(row - row.max()).sum())
+    out: list[int] = []
+    for t in [int(x) for x in top if int(x) != d][:n]:
+        out += [t, int(round(math.exp(float(row[t] - row.max())) / z * CONF_SCALE))]
+    return out
 
 
 def continuation(segments: list[list[Any]], t: int, draft_len: int) -> tuple[list[int], list[float]]:
     """Position t's recorded continuation (tokens, confidences) from a prompt's segments (a segment ends at the
     draft's end-of-generation token, so the continuation does too)."""
+    toks, conf, _ = continuation_with_alternatives(segments, t, draft_len)
+    return toks, conf
+
+
+def continuation_with_alternatives(
+    segments: list[list[Any]], t: int, draft_len: int
+) -> tuple[list[int], list[float], list[list[tuple[int, float]]] | None]:
+    """continuation() and, per drafted position, the draft's alternatives [(token, probability), ...] best first
+    (None for a format-1 file, which did not record them)."""
     lo, hi = 0, len(segments)
     while hi - lo > 1:  # the last segment with t0 <= t
         mid = (lo + hi) // 2
@@ -92,12 +143,16 @@ def continuation(segments: list[list[Any]], t: int, draft_len: int) -> tuple[lis
             lo = mid
         else:
             hi = mid
-    t0, toks, conf = segments[lo]
+    t0, toks, conf = segments[lo][:3]
+    alts = segments[lo][3] if len(segments[lo]) > 3 else None
     if t0 > t:
-        return [], []
+        return [], [], None if alts is None else []
     toks = toks[t - t0 : t - t0 + draft_len]
     conf = [c / CONF_SCALE for c in conf[t - t0 : t - t0 + draft_len]]
-    return list(toks), conf
+    if alts is None:
+        return list(toks), conf, None
+    pairs = [[(int(a[j]), a[j + 1] / CONF_SCALE) for j in range(0, len(a), 2)] for a in alts[t - t0 : t - t0 + draft_len]]
+    return list(toks), conf, pairs
 
 
 def _machine() -> str:
@@ -123,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--resume", action="store_true", help="keep the prompts already in --out (same settings), record the rest")
+    ap.add_argument("--add-alternatives", type=Path, default=None, metavar="IN",
+                    help="read a format-1 recording, add the draft's alternatives at every drafted position (the draft "
+                         "model only; traces and continuations kept), write format 2 to --out")
     a = ap.parse_args(argv)
+    if a.add_alternatives is not None:
+        return upgrade(a.add_alternatives, a.out, a.draft, a.threads)
 
     from edgespec.bench import load_suites
     from edgespec.config import ModelSpec, SamplingParams
@@ -146,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[tuple[str, int], dict[str, Any]] = {}
     if a.resume and a.out.exists():
         old = json.loads(gzip.decompress(a.out.read_bytes()))
-        if (old.get("draft_len"), old.get("max_tokens")) == (a.draft_len, a.max_tokens):
+        if (old.get("format"), old.get("draft_len"), old.get("max_tokens")) == (FORMAT, a.draft_len, a.max_tokens):
             done = {(p["suite"], p["index"]): p for p in old["prompts"]}
 
     def save() -> dict[str, Any]:
@@ -200,6 +260,41 @@ def main(argv: list[str] | None = None) -> int:
         eng.close()
     data = save()
     print(f"wrote {a.out} ({a.out.stat().st_size / 1024:.0f} KiB, {len(prompts)} prompts, {data['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def upgrade(src: Path, out: Path, draft_path: str | None, threads: int | None) -> int:
+    """--add-alternatives: src (format 1) -> out (format 2), the draft model only."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+    from edgespec.models import resolve_model
+
+    data = json.loads(gzip.decompress(src.read_bytes()))
+    if data.get("format") != 1:
+        print(f"{src}: not a format-1 recording (format {data.get('format')})", file=sys.stderr)
+        return 2
+    dpath = resolve_model(draft_path, "draft")
+    if os.path.basename(str(dpath)) != data.get("draft"):
+        print(f"{src} was recorded with the draft {data.get('draft')}, not {os.path.basename(str(dpath))}", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    draft = Model(ModelSpec(str(dpath), n_ctx=8192, n_threads=threads))
+    try:
+        for rec in data["prompts"]:
+            t0 = time.perf_counter()
+            rec["segments"] = add_alternatives(draft, rec["prompt"], rec["trace"], rec["segments"])
+            print(f"  {rec['name']}: {len(rec['segments'])} segments, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        draft.close()
+    data["format"] = FORMAT
+    data["alternatives_added"] = {"date": datetime.date.today().isoformat(), "machine": _machine(),
+                                  "seconds": round(time.perf_counter() - t_start, 1)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(data, f, separators=(",", ":"))
+    os.replace(tmp, out)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
     return 0
 
 

@@ -131,6 +131,47 @@ def test_logits_row_has_the_recorded_argmax_and_confidence():
         assert top_probability(row) == pytest.approx(conf, abs=1e-4)
 
 
+def test_logits_row_ranks_the_recorded_alternatives_next():
+    for tok, conf, alts in [(4, 0.5, [(9, 0.3), (2, 0.1)]), (151000, 0.9, [(17, 0.05), (150999, 0.01)]), (0, 0.34, [(1, 0.33), (2, 0.33)])]:
+        row = ps.logits_row(tok, conf, alts)
+        p = np.exp(row - row.max(), dtype=np.float64)
+        p /= p.sum()
+        order = np.argsort(-row, kind="stable")
+        assert [int(x) for x in order[:3]] == [tok] + [t for t, _ in alts]
+        assert p[tok] == pytest.approx(conf, abs=2e-3)
+        for t, q in alts:
+            assert p[t] == pytest.approx(q, abs=2e-3)
+
+
+def test_alternatives_are_the_drafts_next_best_tokens(tiny):
+    """Format 2: every drafted position carries the draft's next-best tokens after the drafted one, with their
+    probabilities, as a real draft ranks them there; add_alternatives gives a format-1 recording the same."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+    from edgespec.sampling import greedy
+
+    prompt = [ord(c) for c in "abc d ab"]
+    with Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
+        trace = [int(x) for x in rt.record_segments(draft, prompt, [ord("c")] * 20, 4)[0][1]] + [ord("z")] * 10
+        segs = rt.record_segments(draft, prompt, trace, 4)
+        assert all(len(seg) == 4 for seg in segs)
+        for t in (0, 5, 17, 29):
+            toks, conf, alts = rt.continuation_with_alternatives(segs, t, 4)
+            assert alts is not None and len(alts) == len(toks)
+            ctx = prompt + trace[:t]
+            for j, d in enumerate(toks):
+                row = draft.sync(ctx + toks[:j])[0].astype(np.float64)
+                assert greedy(row.astype(np.float32), SamplingParams(temperature=0), ctx) == d
+                p = np.exp(row - row.max())
+                p /= p.sum()
+                want = [int(x) for x in np.argsort(-row, kind="stable") if int(x) != d][:2]
+                assert [x for x, _ in alts[j]] == want
+                assert [q for _, q in alts[j]] == pytest.approx([p[x] for x in want], abs=1e-4)
+        old = [seg[:3] for seg in segs]  # a format-1 recording of the same
+        assert rt.continuation_with_alternatives(old, 3, 4)[2] is None
+        assert rt.add_alternatives(draft, prompt, trace, old) == segs
+
+
 # --------------------------------------------------------------------------------------------- predictor
 def synthetic_data(agree_every: int, n: int = 60, prompts: int = 2) -> dict:
     draft = RuleDraft()
@@ -370,6 +411,35 @@ def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny
             assert rep.source_counts == real.source_counts and rep.source_counts.get("suffix"), kind
             trees += real.n_drafted
         assert trees > 0 and max(tree_decodes) > 2  # trees were verified (not only chains)
+
+
+def test_the_replay_of_draft_model_trees_stays_below_the_tree_oracle(tiny):
+    """Format-2 traces (the draft's alternatives recorded) on a flat curve: the draft model's chains carry siblings,
+    the replay's output is still the trace (run_one checks it), siblings are verified and kept, and neither the policy
+    nor the chain oracle beats the tree oracle."""
+    from edgespec.backend import Model
+    from edgespec.config import ModelSpec
+
+    prompt = [ord(c) for c in "abc d ab abd abc"]
+    with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1)) as target, \
+            Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
+        _, data = record_tiny(target, draft, prompt, 64)
+    data["format"] = 2
+    curve = ps.Curve(verify=dict(FLAT), draft=0.001)
+    assert ps.replay_tree_paths("model", SpecConfig(), data) == 5
+    assert ps.replay_tree_paths("model", SpecConfig(draft_siblings=0), data) == 0
+    assert ps.replay_tree_paths("model", SpecConfig(), {**data, "format": 1}) == 0
+    res = ps.predict(data, curve, SpecConfig(draft_max=8))
+    o = res["overall"]
+    assert o["oracle"]["model tree"] >= o["oracle"]["model"] - 1e-9
+    assert o["oracle"]["model+ngram tree"] >= o["oracle"]["model+ngram"] - 1e-9
+    assert o["model"]["speedup"] <= o["oracle"]["model tree"] + 1e-9
+    assert o["model+ngram"]["speedup"] <= o["oracle"]["model+ngram tree"] + 1e-9
+    hits = ps.model_sibling_hits(data["prompts"][0], data, 8)
+    assert hits is not None and any(hits)  # the tiny draft's second choice is sometimes the target's
+    chains = ps.predict(data, curve, SpecConfig(draft_max=8, draft_siblings=0))
+    assert chains["overall"]["oracle"]["model"] == o["oracle"]["model"]
+    assert o["model"]["drafted"] > chains["overall"]["model"]["drafted"]  # the trees' extra nodes
 
 
 def test_committed_traces_file():
