@@ -144,6 +144,34 @@ def test_greedy_identity_of_token_trees(real_pair):
     assert identical >= len(prompts) // 4
 
 
+def test_greedy_identity_of_draft_model_trees(real_pair):
+    """The draft model's chains with siblings (draft-model trees) on the fixed flat curve of an uncalibrated engine, where
+    every verify row is free: the unsure positions get the draft's next-best tokens beside them (trees counted at the
+    backend, siblings kept); the output is plain decoding's up to near-ties."""
+    from edgespec.engine import Engine
+
+    target, draft = real_pair
+    with Engine.load(ModelSpec(target, n_ctx=1024), ModelSpec(draft, n_ctx=1024), drafter="model",
+                     spec=SpecConfig(draft_max=6), calibrate_costs=False) as eng:
+        assert eng.target.tree_paths == SpecConfig().draft_siblings + 1
+        trees = []
+        decode_tree = eng.target.decode_tree
+
+        def counting(tokens, depths, seq_ids):
+            trees.append(len(tokens))
+            return decode_tree(tokens, depths, seq_ids)
+
+        eng.target.decode_tree = counting  # type: ignore[method-assign]
+        prompts = PROMPTS[:6]
+        identical, gaps = greedy_identity(eng, prompts)
+        r = eng.generate(messages=[{"role": "user", "content": PROMPTS[8]}], sampling=SamplingParams(temperature=0), max_tokens=MAX_TOKENS)
+        siblings = r.stats.controller["siblings"]
+    print(f"\n{identical} identical, {len(gaps)} diverged at near-ties (gaps {[round(g, 3) for g in gaps]}); {len(trees)} trees; "
+          f"one more prompt's siblings {siblings}")
+    assert len(trees) >= 5 and siblings["added"] > 0, f"only {len(trees)} tree verifies"
+    assert identical >= len(prompts) // 4
+
+
 def test_control_token_text_typed_by_a_user_stays_text(engine):
     """Every control-token string of the real vocabulary inside a user message: the prompt holds exactly the
     control tokens the template wrote."""
