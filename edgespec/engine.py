@@ -163,7 +163,10 @@ class Engine:
         s = spec or SpecConfig()
         paths = s.tree_nodes if kind in TREE_KINDS else 0
         if kind in MODEL_KINDS and dspec is not None and s.draft_siblings and s.tree_width > 1:
-            paths = max(paths, s.draft_siblings + 1)
+            # as many as the target's batch holds (a root and one path more than the siblings): fewer siblings, never
+            # a refusal (they are an optimisation); none below 2 paths
+            fit = min(s.draft_siblings + 1, min(tspec.n_batch, tspec.n_ctx) - 1)
+            paths = max(paths, fit if fit >= 2 else 0)
         if paths:
             check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
         t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)

@@ -540,10 +540,14 @@ def _tree_cycle(
     """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept, with
     want_rows the masked logits row of each added token, and the rows not computed: 0, except in the plain step of a
     tree that does not fit, see _chain_cycle).
-    Nodes deeper than `budget` are dropped first; ids the target lacks, or the constraint forbids, are certain
-    rejections, never decoded."""
+    Nodes deeper than `budget` are dropped first, then the last nodes (insertion order: a node's children keep a prefix
+    of their ranks, which keeps the rule exact) past what the target's context and batch hold; ids the target lacks,
+    or the constraint forbids, are certain rejections, never decoded."""
     L = len(ctx)
     room = target.n_ctx - L  # cells for the tree's nodes after the context and the root
+    n_batch = getattr(target, "n_batch", None)
+    if n_batch is not None:  # one decode: the root and the nodes must fit a batch (a draft's chain and siblings may not)
+        room = min(room, int(n_batch) - 1)
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step

@@ -57,6 +57,25 @@ def test_a_batch_smaller_than_the_tree_is_a_config_error_not_a_signal(tiny, load
     assert p.stdout.startswith("REFUSED") and "n_batch and n_ctx must be at least" in p.stdout, p.stdout
 
 
+@pytest.mark.parametrize("n_batch,paths", [(512, 5), (5, 4), (4, 3), (3, 2), (2, 0)])
+def test_draft_model_trees_fit_the_batch_instead_of_refusing_it(tiny, n_batch, paths):
+    """The draft-model kinds load the target with draft_siblings + 1 tree sequences, or as many as its batch holds
+    (llama.cpp aborts on a batch smaller than the sequence count): a small batch means fewer siblings, never an error.
+    In a child process in case llama.cpp aborts."""
+    p = run_child(f"""
+        from edgespec import Engine, ModelSpec, SamplingParams
+        e = Engine.load(ModelSpec({str(tiny["target"])!r}, n_batch={n_batch}, n_ctx=256, n_threads=1),
+                        ModelSpec({str(tiny["target"])!r}, n_batch={n_batch}, n_ctx=256, n_threads=1), drafter="model",
+                        calibrate_costs=False)
+        r = e.generate("abc d", max_tokens=24, sampling=SamplingParams(temperature=1.0))
+        print("PATHS", e.target.tree_paths, len(r.token_ids))
+        e.close()
+    """)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    got, n = map(int, p.stdout.split()[1:3])
+    assert got == paths and n == 24, p.stdout
+
+
 def test_the_smallest_batch_that_fits_verifies_trees(tiny):
     """At the boundary (n_batch = tree_nodes + 1) trees are verified, in a child process in case llama.cpp aborts."""
     p = run_child(f"""
