@@ -121,6 +121,19 @@ def test_greedy_identity_20_prompts(engine):
     assert identical >= len(PROMPTS) // 4, f"only {identical} of {len(PROMPTS)} prompts identical"
 
 
+def count_tree_decodes(engine) -> list[int]:
+    """The sizes of the tree verifies the engine's target will decode (appended as they happen)."""
+    trees: list[int] = []
+    decode_tree = engine.target.decode_tree
+
+    def counting(tokens, depths, seq_ids):
+        trees.append(len(tokens))
+        return decode_tree(tokens, depths, seq_ids)
+
+    engine.target.decode_tree = counting
+    return trees
+
+
 def test_greedy_identity_of_token_trees(real_pair):
     """The suffix drafter with a fixed tree shape (8 nodes, 3 wide): its memory holds the earlier answers, so the
     trees are real (counted at the backend) and mostly accepted; the output is plain decoding's up to near-ties."""
@@ -129,14 +142,7 @@ def test_greedy_identity_of_token_trees(real_pair):
     target, _ = real_pair
     spec = SpecConfig(adaptive=False, tree_nodes=8, tree_width=3)
     with Engine.load(ModelSpec(target, n_ctx=1024), None, drafter="suffix", spec=spec, memory=False, calibrate_costs=False) as eng:
-        trees = []
-        decode_tree = eng.target.decode_tree
-
-        def counting(tokens, depths, seq_ids):
-            trees.append(len(tokens))
-            return decode_tree(tokens, depths, seq_ids)
-
-        eng.target.decode_tree = counting  # type: ignore[method-assign]
+        trees = count_tree_decodes(eng)
         prompts = PROMPTS[:6] + PROMPTS[:2]  # the last two come back: their answers are in memory
         identical, gaps = greedy_identity(eng, prompts)
     print(f"\n{identical} identical, {len(gaps)} diverged at near-ties (gaps {[round(g, 3) for g in gaps]}); {len(trees)} trees")
@@ -154,14 +160,7 @@ def test_greedy_identity_of_draft_model_trees(real_pair):
     with Engine.load(ModelSpec(target, n_ctx=1024), ModelSpec(draft, n_ctx=1024), drafter="model",
                      spec=SpecConfig(draft_max=6), calibrate_costs=False) as eng:
         assert eng.target.tree_paths == SpecConfig().draft_siblings + 1
-        trees = []
-        decode_tree = eng.target.decode_tree
-
-        def counting(tokens, depths, seq_ids):
-            trees.append(len(tokens))
-            return decode_tree(tokens, depths, seq_ids)
-
-        eng.target.decode_tree = counting  # type: ignore[method-assign]
+        trees = count_tree_decodes(eng)
         prompts = PROMPTS[:6]
         identical, gaps = greedy_identity(eng, prompts)
         r = eng.generate(messages=[{"role": "user", "content": PROMPTS[8]}], sampling=SamplingParams(temperature=0), max_tokens=MAX_TOKENS)
