@@ -447,24 +447,22 @@ def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
     return paths
 
 
-def model_sibling_hits(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int] | None:
-    """Per position t: where the draft's recorded chain (first k_max tokens) first disagrees with the trace, the rank
-    (1, 2, ...) of the trace's token among the draft's recorded alternatives there, 0 when it is not among them or
-    the chain does not disagree within k_max; None for traces without alternatives (format 1)."""
+def model_sibling_hits(
+    rec: Mapping[str, Any], meta: Mapping[str, Any], proposals: Sequence[tuple[list[float], int, int]]
+) -> list[int] | None:
+    """Per position t, from model_proposals' (confidences, accepted r, offered) there: where the draft's chain misses
+    (r < offered, not ended by an end token), the rank (1, 2, ...) of the trace's token among the draft's recorded
+    alternatives at that position, else 0; None for traces without alternatives (format 1)."""
     if meta.get("format", 1) < 2:
         return None
     trace, eog = rec["trace"], frozenset(meta["eog_ids"])
     out = []
-    for t in range(len(trace)):
-        toks, _, alts = continuation_with_alternatives(rec["segments"], t, int(meta["draft_len"]))
-        r, hit, lim = 0, 0, min(k_max, len(toks))
-        while r < lim and t + r < len(trace) and toks[r] == trace[t + r]:  # as model_proposals counts them
-            r += 1
-            if toks[r - 1] in eog:
-                r = lim  # the chain ended at an end token: no miss
-                break
-        if alts is not None and r < lim and t + r < len(trace):
-            hit = next((j + 1 for j, (x, _) in enumerate(alts[r]) if x == trace[t + r]), 0)
+    for t, (_, r, offered) in enumerate(proposals):
+        hit = 0
+        if r < offered and t + r < len(trace) and not (r and trace[t + r - 1] in eog):
+            alts = continuation_with_alternatives(rec["segments"], t, int(meta["draft_len"]))[2]
+            if alts is not None:
+                hit = next((j + 1 for j, (x, _) in enumerate(alts[r]) if x == trace[t + r]), 0)
         out.append(hit)
     return out
 
@@ -689,7 +687,7 @@ def predict(
         P = len(rec["prompt"])
         oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
                   "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
-        sib = model_sibling_hits(rec, data, oracle_cap)
+        sib = model_sibling_hits(rec, data, mp)
         if sib is not None:  # the tree oracles: chains, or a chain with the matching alternative at its miss
             oracle["model tree"] = oracle_seconds(n, cost, mr, None, first, P, sib)
             oracle["model+ngram tree"] = oracle_seconds(n, cost, mr, nr, first, P, sib)
