@@ -184,6 +184,12 @@ def test_the_walk_teaches_the_chain_the_siblings_and_the_curve_apart():
     spec.observe(Outcome(len(tree), 1, 2, 0.001, 0.01, (3, 8)))
     assert seen["kw"]["bonus"] == 0 and pol.kept == 1
     assert np.all(pol.tries > tries * pol.decay**2)
+    # a tree cut to fit a small batch (fewer nodes decoded than drafted): its siblings teach nothing
+    tries = pol.tries.copy()
+    tree = spec.propose(ctx + [3, 5, 7, 3, 8], 8, np.random.default_rng(0)).tree
+    assert tree is not None
+    spec.observe(Outcome(2, 1, 2, 0.001, 0.01, (3, 8)))
+    assert np.array_equal(pol.tries, tries)
 
 
 def test_a_sampling_draft_draws_its_siblings_without_replacement():

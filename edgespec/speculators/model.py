@@ -121,7 +121,8 @@ class ModelSpeculator:
             k, m, outcome.t_draft, outcome.t_verify, n_catchup=catchup, n_verified=outcome.n_drafted, bonus=int(sibling > 0)
         )
         pol = self.controller.sibling_policy
-        if pol is not None and m < k and per_position[m]:  # d_{m+1} was rejected with siblings beside it
+        # d_{m+1} was rejected with siblings beside it; a tree cut to fit the batch (fewer nodes decoded) teaches nothing
+        if pol is not None and m < k and per_position[m] and outcome.n_drafted == len(tree):
             pol.observe(sibling if sibling else per_position[m], sibling > 0, outcome.n_emitted)
 
     def observe_foreign(self, outcome: Outcome) -> None:
