@@ -202,9 +202,10 @@ class CostModel:
     def verify(self, n: int) -> float:
         return self.curve(n)
 
-    def cycle_time(self, k: int) -> float:
-        """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step."""
-        return k * self.c_draft + self.curve(k + 1) + self.overhead
+    def cycle_time(self, k: int, extra_rows: int = 0) -> float:
+        """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step. extra_rows: verify rows
+        beyond the chain's (a draft-model tree's siblings, drafted for free from rows the draft computed anyway)."""
+        return k * self.c_draft + self.curve(k + 1 + extra_rows) + self.overhead
 
     def _ema(self, old: float, new: float) -> float:
         return (1.0 - self.alpha) * old + self.alpha * new

@@ -212,14 +212,12 @@ class Controller:
         a_hat[i] = w * c + (1.0 - w) * a[i]
         rho = self._long_run_rate()
         e_i = expected_tokens(a_hat, i)
-        cm = self.cost
-        t_i = cm.cycle_time(i) + (cm.verify(i + 1 + extra_rows) - cm.verify(i + 1) if extra_rows else 0.0)
+        t_i = self.cost.cycle_time(i, extra_rows)
         run, e = float(np.prod(a_hat[:i])), e_i
         for m in range(i + 1, spec.draft_max + 1):
             run *= float(a_hat[m - 1])
             e += run
-            t_m = cm.cycle_time(m) + (cm.verify(m + 1 + extra_rows) - cm.verify(m + 1) if extra_rows else 0.0)
-            if (e - e_i) - rho * (t_m - t_i) > 0:
+            if (e - e_i) - rho * (self.cost.cycle_time(m, extra_rows) - t_i) > 0:
                 return True
         return False
 
@@ -279,8 +277,8 @@ class Controller:
         self.drafted[n_drafted] += 1
         self.tokens_drafted += n_drafted
         self.tokens_accepted += n_accepted
-        n_rows = (n_drafted if n_verified is None else n_verified) + 1
-        self.cost.update_verify(n_rows, t_verify)
+        extra_rows = 0 if n_verified is None else n_verified - n_drafted
+        self.cost.update_verify(n_drafted + 1 + extra_rows, t_verify)
         if n_drafted == 0:  # a plain step: next_k already counted it
             return
         if n_catchup is None or n_catchup <= self.STEADY_CATCHUP:
@@ -297,10 +295,7 @@ class Controller:
                 return
         self._run_tokens += n_accepted + 1 + bonus
         # a frozen (seeded) plan judges the run on modelled times: the clock must not change decisions
-        if self.cost.frozen:
-            self._run_seconds += self.cost.cycle_time(n_drafted) + self.cost.verify(n_rows) - self.cost.verify(n_drafted + 1)
-        else:
-            self._run_seconds += t_draft + t_verify + self.cost.overhead
+        self._run_seconds += self.cost.cycle_time(n_drafted, extra_rows) if self.cost.frozen else t_draft + t_verify + self.cost.overhead
 
     def skipped(self, n_tokens: int) -> None:
         """n_tokens passed in a cycle another drafter made (a lookup's): while plain they count towards the next probe
