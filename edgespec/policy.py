@@ -205,10 +205,7 @@ class Controller:
             return True
         a = self._a()
         w = self.confidence_weight
-        a_hat = a.copy()
-        for j, cj in self._confidences.items():
-            if 1 <= j <= i:
-                a_hat[j - 1] = w * cj + (1.0 - w) * a[j - 1]
+        a_hat = self._blended(a, i)
         a_hat[i] = w * c + (1.0 - w) * a[i]
         rho = self._long_run_rate()
         e_i = expected_tokens(a_hat, i)
@@ -220,6 +217,16 @@ class Controller:
             if (e - e_i) - rho * (self.cost.cycle_time(m, extra_rows) - t_i) > 0:
                 return True
         return False
+
+    def _blended(self, a: np.ndarray, upto: int) -> np.ndarray:
+        """The position estimates a with the draft's confidences of this cycle blended in at positions 1..upto
+        (â_j = w c_j + (1 - w) a_j, keep_drafting's rule)."""
+        w = self.confidence_weight
+        a_hat = a.copy()
+        for j, cj in self._confidences.items():
+            if 1 <= j <= upto:
+                a_hat[j - 1] = w * cj + (1.0 - w) * a[j - 1]
+        return a_hat
 
     def _long_run_rate(self) -> float:
         """ρ*: the best long-run rate on the plain estimates (plain decoding included), once per cycle."""
@@ -240,12 +247,8 @@ class Controller:
         a = self._a()
         if position > len(a):
             return 0
-        w = self.confidence_weight
         self._confidences[position] = float(confidence)
-        reach = 1.0
-        for j in range(1, position):
-            cj = self._confidences.get(j)
-            reach *= float(a[j - 1]) if cj is None else w * cj + (1.0 - w) * float(a[j - 1])
+        reach = float(np.prod(self._blended(a, position - 1)[: position - 1]))
         miss = 1.0 - float(confidence)  # the draft's own doubt: where it is sure, its alternatives are not worth a row
         c = self.cost
         marginal = [c.verify(n_rows + j + 1) - c.verify(n_rows + j) for j in range(available)]
