@@ -43,7 +43,7 @@ from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, make_speculator, model_draft_used
+from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, make_speculator, model_draft_used, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -160,13 +160,7 @@ class Engine:
         cache_bytes = int(prompt_cache_mb * 2**20)
         kind = drafter if drafter != "auto" else ("model+ngram" if dspec is not None else "none")
         # tree sequences: the suffix drafters' trees, or a draft model's siblings (draft-model trees)
-        s = spec or SpecConfig()
-        paths = s.tree_nodes if kind in TREE_KINDS else 0
-        if kind in MODEL_KINDS and dspec is not None and s.draft_siblings and s.tree_width > 1:
-            # as many as the target's batch holds (a root and one path more than the siblings): fewer siblings, never
-            # a refusal (they are an optimisation); none below 2 paths
-            fit = min(s.draft_siblings + 1, min(tspec.n_batch, tspec.n_ctx) - 1)
-            paths = max(paths, fit if fit >= 2 else 0)
+        paths = tree_paths_for(kind, spec or SpecConfig(), dspec is not None, min(tspec.n_batch, tspec.n_ctx))
         if paths:
             check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
         t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)

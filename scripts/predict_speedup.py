@@ -437,14 +437,11 @@ def run_one(
 
 
 def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
-    """The tree sequences Engine.load gives the target for `kind`: the suffix drafters' tree_nodes, a draft model's
-    draft_siblings + 1 (only from format-2 traces, which record the draft's alternatives)."""
-    from edgespec.speculators import MODEL_KINDS, TREE_KINDS
+    """The tree sequences Engine.load gives the target for `kind` (speculators.tree_paths_for), a draft model's
+    siblings only from format-2 traces, which record the draft's alternatives."""
+    from edgespec.speculators import tree_paths_for
 
-    paths = spec.tree_nodes if kind in TREE_KINDS else 0
-    if kind in MODEL_KINDS and meta.get("format", 1) >= 2 and spec.draft_siblings and spec.tree_width > 1:
-        paths = max(paths, spec.draft_siblings + 1)
-    return paths
+    return tree_paths_for(kind, spec, meta.get("format", 1) >= 2)
 
 
 def model_sibling_hits(

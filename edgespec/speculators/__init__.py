@@ -35,6 +35,18 @@ def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel) -> bool:
     return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min)
 
 
+def tree_paths_for(kind: str, spec: SpecConfig, draft: bool, batch: int | None = None) -> int:
+    """The tree sequences a target needs for drafter `kind`: the suffix drafters' spec.tree_nodes; a draft model's
+    spec.draft_siblings + 1 (draft-model trees; `draft`: there is a draft model), cut to what a batch of `batch`
+    tokens holds (a root and one path more than the siblings; none below 2 paths): siblings are an optimisation,
+    fitted rather than refused."""
+    paths = spec.tree_nodes if kind in TREE_KINDS else 0
+    if kind in MODEL_KINDS and draft and spec.draft_siblings and spec.tree_width > 1:
+        fit = spec.draft_siblings + 1 if batch is None else min(spec.draft_siblings + 1, batch - 1)
+        paths = max(paths, fit if fit >= 2 else 0)
+    return paths
+
+
 def make_speculator(
     kind: str,
     spec: SpecConfig,
@@ -91,4 +103,5 @@ __all__ = [
     "SuffixSpeculator",
     "make_speculator",
     "model_draft_used",
+    "tree_paths_for",
 ]
