@@ -223,11 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(time.perf_counter() - t_start, 1),
             "prompts": prompts,
         }
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = a.out.with_name(a.out.name + ".tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-            json.dump(data, f, separators=(",", ":"))
-        os.replace(tmp, a.out)
+        write_traces(a.out, data)
         return data
 
     try:
@@ -263,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def write_traces(out: Path, data: dict[str, Any]) -> None:
+    """A recording as gzip'd JSON, atomically (a temporary file beside it, then renamed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
+        json.dump(data, f, separators=(",", ":"))
+    os.replace(tmp, out)
+
+
 def upgrade(src: Path, out: Path, draft_path: str | None, threads: int | None) -> int:
     """--add-alternatives: src (format 1) -> out (format 2), the draft model only."""
     from edgespec.backend import Model
@@ -289,11 +294,7 @@ def upgrade(src: Path, out: Path, draft_path: str | None, threads: int | None) -
     data["format"] = FORMAT
     data["alternatives_added"] = {"date": datetime.date.today().isoformat(), "machine": _machine(),
                                   "seconds": round(time.perf_counter() - t_start, 1)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as f:
-        json.dump(data, f, separators=(",", ":"))
-    os.replace(tmp, out)
+    write_traces(out, data)
     print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
     return 0
 
