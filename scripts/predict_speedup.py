@@ -464,11 +464,6 @@ def model_sibling_hits(
     return out
 
 
-def model_matches(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[int]:
-    """Per position t: how many of the draft model's first k_max recorded tokens the target would accept."""
-    return [r for _, r, _ in model_proposals(rec, meta, k_max)]
-
-
 def model_proposals(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int) -> list[tuple[list[float], int, int]]:
     """Per position t: the draft model's recorded confidences (first k_max), how many of its tokens the target would
     accept, and how many it offers (a continuation ends at an end token)."""

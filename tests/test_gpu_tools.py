@@ -285,8 +285,8 @@ def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bo
     assert plain == pytest.approx(replayed(None), rel=1e-9)
     assert best <= min(model, ngram, plain) + 1e-12
     n = [len(rec["trace"]) for rec in data["prompts"]]
-    oracle = sum(ps.oracle_seconds(k, cost, ps.model_matches(rec, data, 8), [a for _, _, a in p[3]], p[1], p[0])
-                 for k, rec, p in zip(n, data["prompts"], prompts))
+    oracle = sum(ps.oracle_seconds(k, cost, [r for _, r, _ in p[2]], [a for _, _, a in p[3]], p[1], p[0])
+                 for k, p in zip(n, prompts))
     assert oracle <= best + 1e-9
     fit = ps.predict(data, cost, SpecConfig(), fit_rules=True)
     for s in fit["suites"].values():
