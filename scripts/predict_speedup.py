@@ -34,6 +34,18 @@ match with the trace), the fewest modelled seconds to produce each trace, by dyn
 drafts from the same proposals can beat it (it ignores the draft's catch-up cost, so it is a bound, slightly
 optimistic for the model drafter).
 
+Sampling (--sampled, T > 0): a sampled output has no single trace, so scripts/record_traces.py --sampled recorded one
+trajectory per prompt, sampled plainly at T = 1.0 with the bench's settings (top-k 40, top-p 0.95, min-p 0.05), and at
+every position both models' 40 most likely tokens with their probabilities (scripts/data/traces_t1.json.gz). The
+replay then samples for real, through the same loop and the engine's exact acceptance rules, from rows rebuilt from
+the recording (their sum of min(p, q) after the sampler's filters matches the recorded exact acceptance rate to
+about 2e-4: with the bench's top-k of 40 nothing the sampler keeps is missing). What is approximated: a row is the
+recorded distribution at its depth in the output, i.e. after the recorded trajectory's context, whatever the replay
+sampled before it; the lookup drafters see the tokens the replay sampled. Speedups are rates (the two sides may stop
+at different lengths); the oracle is the best expected rate of a policy that knows every position's acceptance
+probability (the draft's recorded rate; the lookup's p of its proposed token along the recorded trajectory) but not
+the draws, by dynamic programming over positions with acceptances independent.
+
 Curve files: {"verify": {"1": s, "2": s, ...}, "draft": s_per_token, optional "overhead": s_per_cycle,
 "draft_verify": {"1": s, ...}, "name": ...}. Also accepted: an `edgespec bench --json` report (its
 costs.calibration) and edgespec's calibration cache (the most recently used entry). `measure` writes one for any
@@ -61,6 +73,7 @@ from record_traces import continuation, continuation_with_alternatives  # noqa: 
 from edgespec.fsutil import atomic_write_text  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
+DEFAULT_SAMPLED = HERE / "data" / "traces_t1.json.gz"  # the sampled recording (T = 1.0 with the bench's settings)
 KINDS = ("model", "ngram", "model+ngram")  # the chain drafters (an oracle each) and the default set
 TREE_KINDS = ("suffix", "model+suffix")  # the suffix-index drafters: token trees (no oracle: it is over chains)
 
@@ -351,7 +364,8 @@ class RecordedDraft:
         alts = self._alts[self._i] if self._alts is not None else ()
         return logits_row(toks[self._i], conf[self._i], alts)[None]
 
-    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
+    def _catch_up(self, tokens: Sequence[int], rows: Sequence[int]) -> None:
+        """sync's cache and cost: the tokens the cache lacks (at least the last one when a row is wanted), as one batch."""
         from edgespec.prompt_cache import common_prefix
 
         tokens = list(tokens)
@@ -361,6 +375,9 @@ class RecordedDraft:
         self.cached = tokens[:keep]
         self.clock.now += self.batch_cost(len(tokens) - keep)
         self.cached = tokens
+
+    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
+        self._catch_up(tokens, rows)
         if not rows:
             return np.empty((0, 1), np.float32)
         toks, conf, self._alts = continuation_with_alternatives(self.segments, len(tokens) - self.P, self.draft_len)
@@ -378,6 +395,188 @@ class RecordedDraft:
 
     def is_eog(self, token: int) -> bool:
         return token in self.eog
+
+
+# --------------------------------------------------------------------------------------------- sampled traces (T > 0)
+N_TAIL = 64  # ids past the recorded tokens that hold each row's unrecorded mass (never a real token)
+
+
+class SampledVocab:
+    """A format-3 recording's rows on a compact vocabulary: every id its prompts, trajectories, end tokens and
+    recorded distributions use, then N_TAIL ids for the rest. A row holds a position's K recorded log probabilities
+    (record_traces.top_rows), strictly in the recorded order, and spreads the mass K leaves over the other ids, each below the least recorded one (so a
+    top-k of at most K, the bench's, keeps exactly the recorded tokens; without one the tail is approximated)."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        ids: set[int] = set(int(t) for t in data["eog_ids"])
+        for rec in data["prompts"]:
+            ids.update(rec["prompt"])
+            ids.update(rec["trace"])
+            for key in ("target", "draft"):
+                for entry in rec[key]:
+                    ids.update(entry[0])
+        self.ids = sorted(ids)
+        self.index = {t: i for i, t in enumerate(self.ids)}
+        self.width = len(self.ids) + N_TAIL
+
+    def map(self, tokens: Sequence[int]) -> list[int]:
+        return [self.index[int(t)] for t in tokens]
+
+    def row(self, entry: Sequence[Sequence[int]]) -> np.ndarray:
+        """One recorded position as logits over the compact vocabulary (log probabilities: softmax = the recording)."""
+        from record_traces import LOGP_SCALE
+
+        ids, lps = entry
+        x = np.asarray(lps, dtype=np.float64) / LOGP_SCALE
+        # strictly in the recorded order (rounding to LOGP_SCALE makes near-ties ties, which the sampler's filters would
+        # break by id, not as the recording's rows did)
+        x = np.minimum.accumulate(x - 1e-5 * np.arange(x.size))
+        rest = max(1.0 - float(np.exp(x).sum()), 0.0)
+        others = self.width - len(ids)
+        floor = float(x.min()) - 1e-3  # every other id stays below the least recorded one
+        v = min(math.log(rest / others), floor) if rest > 1e-12 else floor - 30.0
+        row = np.full(self.width, v, dtype=np.float32)
+        row[[self.index[int(t)] for t in ids]] = x
+        return row
+
+
+class SampledPrompt:
+    """One format-3 prompt on the compact vocabulary: its prompt and trajectory, and the target's (p) and the draft's
+    (q) rows at trajectory index i (the next token after prompt + trajectory[:i]), clamped to the recording's ends."""
+
+    def __init__(self, rec: Mapping[str, Any], vocab: SampledVocab) -> None:
+        self.vocab = vocab
+        self.rec = rec
+        self.prompt = vocab.map(rec["prompt"])
+        self.trace = vocab.map(rec["trace"])
+
+    def _at(self, key: str, i: int) -> np.ndarray:
+        entries = self.rec[key]
+        return self.vocab.row(entries[min(max(i, 0), len(entries) - 1)])
+
+    def p(self, i: int) -> np.ndarray:
+        return self._at("target", i)
+
+    def q(self, i: int) -> np.ndarray:
+        return self._at("draft", i)
+
+
+class SampledTarget(TraceTarget):
+    """The target for a sampled replay: every row is the recorded target distribution at its depth in the generation
+    (the recorded trajectory's context stands in for whatever was sampled before it: the approximation of a sampled
+    replay), charged as TraceTarget charges."""
+
+    def __init__(self, sp: SampledPrompt, eog: frozenset[int], verify: Any, overhead: float, clock: Clock, factor: Any = None) -> None:
+        super().__init__(sp.prompt + sp.trace, sp.vocab.width, eog, verify, overhead, clock, factor)
+        self.sp = sp
+        self.P = len(sp.prompt)
+
+    def _rows(self, start_pos: int, rows: Sequence[int]) -> np.ndarray:
+        return np.stack([self.sp.p(start_pos + r + 1 - self.P) for r in rows]) if rows else np.empty((0, self.n_vocab), np.float32)
+
+    def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        start = len(self.cached)
+        n = len(tokens)
+        self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
+        self.cached.append(int(tokens[0]))
+        self.n_decoded += n
+        return np.stack([self.sp.p(start + d + 1 - self.P) for d in depths])
+
+
+class SampledDraft(RecordedDraft):
+    """The draft for a sampled replay: the recorded draft distribution at its depth in the generation, whatever token
+    it was given (it samples from these rows through the speculator, as the engine's draft does); costs as
+    RecordedDraft's."""
+
+    def __init__(self, sp: SampledPrompt, eog: frozenset[int], cost: Curve, clock: Clock) -> None:
+        super().__init__(len(sp.prompt), [], 0, eog, cost, clock)
+        self.sp = sp
+        self.n_vocab = sp.vocab.width
+
+    def sync(self, tokens: Sequence[int], rows: Sequence[int] = (-1,)) -> np.ndarray:
+        self._catch_up(tokens, rows)
+        return self.sp.q(len(self.cached) - self.P)[None] if rows else np.empty((0, self.n_vocab), np.float32)
+
+    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
+        assert start_pos == len(self.cached)
+        self.clock.now += self.batch_cost(len(tokens))
+        self.cached += list(tokens)
+        return self.sp.q(len(self.cached) - self.P)[None] if rows else np.empty((0, self.n_vocab), np.float32)
+
+
+def sampled_params(meta: Mapping[str, Any]) -> Any:
+    """The sampling settings a format-3 recording was sampled with (no seed: the replay draws from its own source,
+    and an engine drafts trees only for unseeded generations)."""
+    from edgespec.config import SamplingParams
+
+    s = meta["sampling"]
+    return SamplingParams(temperature=float(s["temperature"]), top_k=int(s["top_k"]), top_p=float(s["top_p"]), min_p=float(s["min_p"]))
+
+
+def row_alpha(sp: SampledPrompt, i: int, params: Any) -> float:
+    """sum_x min(p(x), q(x)) of the replay's rows at trajectory index i after the sampler's filters: what a sampled
+    draft token is accepted with there (the recording's exact value is rec["alpha"][i])."""
+    from edgespec.sampling import warp
+
+    hist = sp.prompt + sp.trace[:i]
+    return float(np.minimum(warp(sp.p(i), params, hist), warp(sp.q(i), params, hist)).sum())
+
+
+def sampled_acceptance(sp: SampledPrompt, params: Any, k_max: int, spec: Any) -> tuple[list[float], list[list[float]]]:
+    """Per trajectory index t: the draft model's acceptance rate there (the recorded alpha) and the n-gram lookup's
+    per-token acceptance of its proposal (up to k_max tokens, from prompt + trajectory[:t]): p(d_i) at index t + i
+    after the sampler's filters (a deterministic draft token is accepted with the target's probability of it)."""
+    from edgespec.ngram import NgramIndex
+    from edgespec.sampling import warp
+
+    from record_traces import CONF_SCALE
+
+    n = len(sp.trace)
+    alpha = [a / CONF_SCALE for a in sp.rec["alpha"]]
+    probs = [warp(sp.p(i), params, sp.prompt + sp.trace[:i]) for i in range(n)]
+    idx = NgramIndex(spec.ngram_n_max, spec.ngram_n_min)
+    lookup = []
+    for t in range(n):
+        m = idx.lookup(sp.prompt + sp.trace[:t], k_max)
+        lookup.append([float(probs[t + i][d]) for i, d in enumerate(m.tokens[: n - t])])
+    return alpha, lookup
+
+
+def expected_oracle_seconds(
+    n: int, cost: Curve, model_a: Sequence[float] | None, lookup_a: Sequence[Sequence[float]] | None, k_max: int,
+    first_from_prefill: bool = False, n_prompt: int = 0,
+) -> float:
+    """The sampled replay's oracle: the fewest expected modelled seconds to produce n tokens for a policy that knows
+    every position's acceptance probability but not the draws (dynamic programming over positions, acceptance at each
+    position independent): per cycle plain, the draft model for any k <= k_max (position t + i accepted with
+    model_a[t + i]) or the lookup for any k up to its proposal (lookup_a[t][i]); a cycle that drafts k and has j
+    accepted emits j + 1 tokens. Costs as oracle_seconds charges them (the draft's catch-up ignored)."""
+    from edgespec.costs import VerifyCurve
+
+    v = VerifyCurve(cost.verify)
+    o = cost.overhead
+    f = [0.0] * (n + 1)
+
+    def chain(t: int, acc: Sequence[float], per_token: float) -> float:
+        """sum over j of P(exactly j of these accepted) * f[t + j + 1], for every prefix length k at once -> best."""
+        best = math.inf
+        reach, tail = 1.0, 0.0  # P(the first i accepted); the expectation over stops before i
+        for k in range(1, len(acc) + 1):
+            a = acc[k - 1]
+            tail += reach * (1.0 - a) * f[t + k]
+            reach *= a
+            best = min(best, k * per_token + cycle_decode_seconds(v, cost, t, k, first_from_prefill, n_prompt) + o + tail + reach * f[t + k + 1])
+        return best
+
+    for t in range(n - 1, -1, -1):
+        room = n - t - 1
+        best = cycle_decode_seconds(v, cost, t, 0, first_from_prefill, n_prompt) + o + f[t + 1]
+        if model_a is not None:
+            best = min(best, chain(t, model_a[t : t + min(k_max, room)], cost.draft * cost.draft_factor(n_prompt + t)))
+        if lookup_a is not None:
+            best = min(best, chain(t, lookup_a[t][:room], 0.0))
+        f[t] = best
+    return f[0]
 
 
 # --------------------------------------------------------------------------------------------- replay
@@ -399,10 +598,13 @@ class EngineState:
 
 
 def run_one(
-    rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: EngineState, spec: Any
+    rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: EngineState, spec: Any,
+    sampled: SampledPrompt | None = None, seed: int | Sequence[int] = 0,
 ) -> tuple[Any, bool]:
     """Replay one recorded prompt with drafter `kind` (None = plain decoding): its GenerationStats (decode seconds on
-    the virtual clock) and whether the loop's prefill computed the last prompt token's logits."""
+    the virtual clock) and whether the loop's prefill computed the last prompt token's logits. With `sampled` (a
+    format-3 recording's prompt), the replay samples with the recording's settings from its rows, drawing from a
+    source seeded with `seed`, and up to as many tokens as the recorded trajectory."""
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
@@ -413,9 +615,17 @@ def run_one(
     eog = frozenset(meta["eog_ids"])
     truth = VerifyCurve(cost.verify)  # what a decode really costs (the file), apart from what the engine learns
     clock = Clock(real=cost.python_time)
-    target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock, cost.verify_factor)
-    draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
-    sampling = SamplingParams(temperature=0)
+    target: TraceTarget
+    draft: RecordedDraft
+    if sampled is not None:
+        prompt, trace, eog = sampled.prompt, sampled.trace, frozenset(sampled.vocab.map(sorted(eog)))
+        target = SampledTarget(sampled, eog, truth, cost.overhead, clock, cost.verify_factor)
+        draft = SampledDraft(sampled, eog, cost, clock)
+        sampling = sampled_params(meta)
+    else:
+        target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock, cost.verify_factor)
+        draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
+        sampling = SamplingParams(temperature=0)
     speculator = None
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
@@ -424,12 +634,12 @@ def run_one(
         if model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
-    max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" else len(trace)
+    max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" and sampled is None else len(trace)
     out: list[int] = []
-    rng = np.random.default_rng(0)  # greedy: never drawn from, but speculate's signature asks for a source
+    rng = np.random.default_rng(seed)  # greedy: never drawn from, but speculate's signature asks for a source
     for step in speculate(target, prompt, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats, clock=clock.perf_counter):
         out += step.tokens
-    if out != trace[: len(out)] or len(out) != len(trace):
+    if sampled is None and (out != trace[: len(out)] or len(out) != len(trace)):
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
         state.draft_cost = cm.c_draft
@@ -438,7 +648,7 @@ def run_one(
 
 def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
     """The tree sequences Engine.load gives the target for `kind` (speculators.tree_paths_for), a draft model's
-    siblings only from format-2 traces, which record the draft's alternatives."""
+    siblings only from format-2 and format-3 recordings, which record the draft's alternatives (its distributions)."""
     from edgespec.speculators import tree_paths_for
 
     return tree_paths_for(kind, spec, meta.get("format", 1) >= 2)
@@ -639,18 +849,23 @@ def oracle_seconds(
 
 def predict(
     data: Mapping[str, Any], cost: Curve, spec: Any, suites: Sequence[str] = (), kinds: Sequence[str] = KINDS, fit: bool = False,
-    fit_rules: bool = False,
+    fit_rules: bool = False, seed: int = 0,
 ) -> dict[str, Any]:
     """Predicted speedups per suite (and overall) for each drafter kind, and the oracle bounds; with fit, also the
     best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table); with fit_rules, the best fixed
     confidence / match-run rule for model+ngram fitted on each suite's traces (fitted_rule; overall: each suite with
-    its own rule)."""
+    its own rule). seed: a sampled replay's draws (prompt i of the recording draws from [seed, i], every kind alike)."""
     from edgespec.costs import CostModel, draft_model_pays
     from edgespec.speculators import model_draft_used
 
-    if spec.draft_max > int(data["draft_len"]):
+    sampled = data.get("format") == 3
+    if sampled and (fit or fit_rules):
+        raise ValueError("the fitted rules replay greedy traces only (this recording is sampled)")
+    if not sampled and spec.draft_max > int(data["draft_len"]):
         raise ValueError(f"draft_max {spec.draft_max} exceeds the recorded draft length {data['draft_len']}")
-    prompts = [p for p in data["prompts"] if not suites or p["suite"] in suites]
+    vocab = SampledVocab(data) if sampled else None
+    params = sampled_params(data) if sampled else None
+    prompts = [(no, p) for no, p in enumerate(data["prompts"]) if not suites or p["suite"] in suites]
     if not prompts:
         raise ValueError(f"no recorded prompts for suites {list(suites)}")
     from edgespec.stats import Totals
@@ -660,31 +875,41 @@ def predict(
 
     def new_sums() -> dict[str, Any]:
         oracles = {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0, "model tree": 0.0, "model+ngram tree": 0.0}
-        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": oracles,
-                "proposals": [], "rules": []}
+        return {"prompts": 0, "plain": Totals(), **{k: Totals() for k in kinds}, "oracle": oracles, "oracle_tokens": 0,
+                "proposals": [], "rules": [], "alpha": []}
 
     per_suite: dict[str, dict[str, Any]] = {}
     total = new_sums()
     oracle_cap = max(spec.draft_max, 1)
     ngram_cap = spec.ngram_draft_max if spec.adaptive else spec.draft_max
-    for rec in prompts:
+    for no, rec in prompts:
         sums = (per_suite.setdefault(rec["suite"], new_sums()), total)
-        st, first = run_one(rec, data, None, cost, plain_state, spec)
-        runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec)[0] for k in kinds}}
+        sp = SampledPrompt(rec, vocab) if vocab is not None else None
+        st, first = run_one(rec, data, None, cost, plain_state, spec, sp, [seed, no])
+        runs = {"plain": st, **{k: run_one(rec, data, k, cost, states[k], spec, sp, [seed, no])[0] for k in kinds}}
         n = len(rec["trace"])
-        mp = model_proposals(rec, data, oracle_cap)
-        mr = [r for _, r, _ in mp]
-        props = ngram_proposals(rec, spec, ngram_cap)
-        nr = [acc for _, _, acc in props]
         P = len(rec["prompt"])
-        oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
-                  "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
-        sib = model_sibling_hits(rec, data, mp)
-        if sib is not None:  # the tree oracles: chains, or a chain with the matching alternative at its miss
-            oracle["model tree"] = oracle_seconds(n, cost, mr, None, first, P, sib)
-            oracle["model+ngram tree"] = oracle_seconds(n, cost, mr, nr, first, P, sib)
+        props: list[tuple[int, int, int]] = []
+        if sp is not None:  # the expected-time oracles (a sampled replay's draws are not known ahead)
+            alpha, lookup = sampled_acceptance(sp, params, ngram_cap, spec)
+            oracle = {"model": expected_oracle_seconds(n, cost, alpha, None, oracle_cap, first, P),
+                      "ngram": expected_oracle_seconds(n, cost, None, lookup, oracle_cap, first, P),
+                      "model+ngram": expected_oracle_seconds(n, cost, alpha, lookup, oracle_cap, first, P)}
+        else:
+            mp = model_proposals(rec, data, oracle_cap)
+            mr = [r for _, r, _ in mp]
+            props = ngram_proposals(rec, spec, ngram_cap)
+            nr = [acc for _, _, acc in props]
+            oracle = {"model": oracle_seconds(n, cost, mr, None, first, P), "ngram": oracle_seconds(n, cost, None, nr, first, P),
+                      "model+ngram": oracle_seconds(n, cost, mr, nr, first, P)}
+            sib = model_sibling_hits(rec, data, mp)
+            if sib is not None:  # the tree oracles: chains, or a chain with the matching alternative at its miss
+                oracle["model tree"] = oracle_seconds(n, cost, mr, None, first, P, sib)
+                oracle["model+ngram tree"] = oracle_seconds(n, cost, mr, nr, first, P, sib)
         for s in sums:
             s["prompts"] += 1
+            s["oracle_tokens"] += n
+            s["alpha"] += rec.get("alpha", [])
             s["proposals"].append((P, props))
             if fit_rules:
                 s["rules"].append((P, first, mp, props))
@@ -696,10 +921,12 @@ def predict(
     def summary(s: dict[str, Any]) -> dict[str, Any]:
         plain: Totals = s["plain"]
         out: dict[str, Any] = {"prompts": s["prompts"], "tokens": plain.n_generated, "plain_seconds": round(plain.decode_seconds, 6)}
+        plain_rate = plain.n_generated / plain.decode_seconds  # tokens per modelled second (a sampled replay's
+        # sides may stop at different lengths: rates, as `edgespec bench` compares them)
         for k in kinds:
             side: Totals = s[k]
             out[k] = {
-                "speedup": round(plain.decode_seconds / side.decode_seconds, 4),
+                "speedup": round(side.n_generated / side.decode_seconds / plain_rate, 4),
                 "seconds": round(side.decode_seconds, 6),
                 "cycles": side.n_cycles,
                 "spec_cycles": side.n_spec_cycles,
@@ -708,7 +935,11 @@ def predict(
                 "acceptance": round(side.acceptance, 4) if side.n_drafted else None,
                 "sources": dict(sorted(side.source_counts.items())),
             }
-        out["oracle"] = {k: round(plain.decode_seconds / v, 4) for k, v in s["oracle"].items() if v > 0}
+        out["oracle"] = {k: round(s["oracle_tokens"] / v / plain_rate, 4) for k, v in s["oracle"].items() if v > 0}
+        if s["alpha"]:  # a sampled recording: the draft's mean acceptance rate along the trajectories
+            from record_traces import CONF_SCALE
+
+            out["alpha"] = round(sum(s["alpha"]) / len(s["alpha"]) / CONF_SCALE, 4)
         if fit:
             sec, table = fitted_run_table(s["proposals"], cost, ngram_cap)
             out["fitted_ngram"] = {"speedup": round(plain.decode_seconds / sec, 4), "k_by_run": table}
@@ -729,7 +960,7 @@ def predict(
         "spec": {"draft_max": spec.draft_max, "adaptive": spec.adaptive, "ngram_draft_max": spec.ngram_draft_max},
         "draft_model_pays": gate,  # the hardware gate on this curve (adaptive mode)
         "draft_model_used": model_draft_used("model", spec, cm),  # a fixed draft length bypasses the gate
-        "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len")},
+        "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len", "sampling")},
         "suites": suite_results,
         "overall": overall,
     }
@@ -766,9 +997,11 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
     lines.append("  ".join("-" * w for w in widths))
     lines += [fmt(r) for r in rows]
     lines.append("")
-    lines.append("speedup = plain decode time / speculative decode time (modelled), summed over the suite's prompts; "
+    lines.append("speedup = speculative tokens per modelled second / plain's, summed over the suite's prompts; "
                  "oracle = the best any policy drafting chains from the same proposals could do (the suffix drafters "
                  "verify trees: they have none)."
+                 + (f" Sampled replay ({result['traces']['sampling']}): the oracle is the best expected rate of a policy "
+                    "that knows each position's acceptance probability, not the draws." if result["traces"].get("sampling") else "")
                  + (" fitted k(run) = the best table from match run to draft length, fitted on the suite's own traces "
                     "(what any rule that sees only the match run can reach)." if fitted else ""))
     return "\n".join(lines)
@@ -784,13 +1017,13 @@ GOALS = {"overall_vs_oracle": 0.90, "suite_vs_oracle": 0.85, "suite_vs_plain": 0
 
 
 def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], rels: Sequence[float], spec: Any,
-                 suites: Sequence[str] = (), fit_rules: bool = False) -> list[dict[str, Any]]:
+                 suites: Sequence[str] = (), fit_rules: bool = False, seed: int = 0) -> list[dict[str, Any]]:
     """Every profile x draft cost x suite (and overall): the default drafter (model+ngram), its oracle, the draft
     model alone and its oracle; with fit_rules the best fixed rule for model+ngram fitted on each suite (fitted_rule)."""
     rows = []
     for pname, base in curves:
         for rel in rels:
-            res = predict(data, base.with_draft_relative(rel), spec, suites, kinds=PROFILE_KINDS, fit_rules=fit_rules)
+            res = predict(data, base.with_draft_relative(rel), spec, suites, kinds=PROFILE_KINDS, fit_rules=fit_rules, seed=seed)
             for sname, s in list(res["suites"].items()) + [("overall", res["overall"])]:
                 rows.append({
                     "profile": pname, "draft": rel, "suite": sname, "tokens": s["tokens"],
@@ -800,6 +1033,7 @@ def profile_rows(data: Mapping[str, Any], curves: Sequence[tuple[str, Curve]], r
                     **({"oracle_default_tree": s["oracle"]["model+ngram tree"], "oracle_model_tree": s["oracle"]["model tree"]}
                        if "model tree" in s["oracle"] else {}),
                     "default_sources": s["model+ngram"]["sources"],
+                    **({"alpha": s["alpha"]} if "alpha" in s else {}),
                     **({"fitted_rule": s["fitted_rule"]["speedup"]} if fit_rules else {}),
                 })
     return rows
@@ -837,8 +1071,12 @@ def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) if i < 3 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths)))  # noqa: E731
     lines = [fmt(head), "  ".join("-" * w for w in widths)] + [fmt(b) for b in body]
+    sampled = bool(rows) and "alpha" in rows[0]
     lines += ["", "default = model+ngram (the engine's drafter with a draft model), x plain decoding; oracle m+n = the best "
-              "any policy drafting from the same proposals could do; model = the draft model alone ('off' = the engine "
+              + ("expected rate of any policy that knows each position's acceptance probability (not the draws), drafting "
+                 "from the same proposals (a sampled replay); " if sampled else
+                 "any policy drafting from the same proposals could do; ")
+              + "model = the draft model alone ('off' = the engine "
               "does not run it on this curve: plain decoding); draft = the draft's cost in target tokens."
               + (" tree oracle = the same bound when a cycle may also verify the draft's recorded alternative (draft-model "
                  "trees) beside the token where its chain misses." if trees else "")
@@ -857,7 +1095,7 @@ def format_profiles(rows: Sequence[Mapping[str, Any]]) -> str:
 def load_traces(path: str | Path) -> dict[str, Any]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
-    if data.get("format") not in (1, 2):
+    if data.get("format") not in (1, 2, 3):
         raise ValueError(f"{path}: unknown traces format {data.get('format')}")
     return data
 
@@ -970,7 +1208,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-relative", default=None,
                     help="the draft's cost in target tokens, comma-separated (e.g. 0.3,0.45,0.6,0.8): replays each curve at "
                          "each (default: the curve's own; with --profiles 0.3,0.45,0.6,0.8)")
-    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES)
+    ap.add_argument("--traces", type=Path, default=None, help=f"a recording (default {DEFAULT_TRACES.name}, greedy)")
+    ap.add_argument("--sampled", action="store_true",
+                    help=f"replay sampling at T = 1.0 (the bench's settings) from {DEFAULT_SAMPLED.name} (see the module docstring)")
+    ap.add_argument("--replay-seed", type=int, default=0, help="--sampled: the replay's draws (prompt i draws from [seed, i])")
     ap.add_argument("--suite", action="append", default=[])
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"drafters to replay, comma-separated, of {', '.join(KINDS + TREE_KINDS)} (default {','.join(KINDS)})")
@@ -1012,7 +1253,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--kinds: unknown drafter(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS + TREE_KINDS)}")
         if not a.curve and a.profiles is None:
             raise ValueError("give --curve FILE or --profiles [DIR]")
-        data = load_traces(a.traces)
+        data = load_traces(a.traces or (DEFAULT_SAMPLED if a.sampled else DEFAULT_TRACES))
+        if a.sampled and data.get("format") != 3:
+            raise ValueError(f"--sampled: {a.traces} is not a sampled recording (record_traces.py --sampled)")
         if a.profiles is not None:
             files = sorted(Path(a.profiles).glob("*.json"))
             if not files:
@@ -1028,7 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2
     if a.profiles is not None:
-        rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite, fit_rules=a.fit_rules)
+        rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite, fit_rules=a.fit_rules, seed=a.replay_seed)
         print(format_profiles(rows))
         if a.json:
             atomic_write_text(Path(a.json), json.dumps({"rows": rows, "goals": goals_check(rows)}, indent=1) + "\n")
@@ -1042,7 +1285,7 @@ def main(argv: list[str] | None = None) -> int:
         if scale is not None:
             cost.depth_scale = scale.depth_scale
             cost.name += f" x depth scale of {Path(a.depth_scale).name}"
-        res = predict(data, cost, spec, a.suite, kinds=kinds, fit=a.fit_run_table, fit_rules=a.fit_rules)
+        res = predict(data, cost, spec, a.suite, kinds=kinds, fit=a.fit_run_table, fit_rules=a.fit_rules, seed=a.replay_seed)
         results.append(res)
         print(format_table(res, kinds))
         print()

@@ -27,6 +27,24 @@ Format 1 files (no alternatives) are still read.
 
 Position t's continuation is segment[t - t0 : t - t0 + L] of the segment with the largest t0 <= t, cut after an
 end-of-generation token (the draft stops there). Written as gzip'd JSON (the 5 suites: well under 1 MB).
+
+Sampled traces (--sampled, format 3, for replaying temperature > 0):
+
+    nice .venv/bin/python scripts/record_traces.py --sampled --out scripts/data/traces_t1.json.gz
+
+At temperature > 0 no single trace is "the" output, so the file records one trajectory per prompt, sampled plainly
+from the target with the bench's settings (T 1.0, top-k 40, top-p 0.95, min-p 0.05, a fixed seed), and at every
+position of it the target's and the draft's next-token distributions there: the K most likely tokens of each (K =
+--top, default 40 = the bench's top-k, so with its settings nothing the sampler keeps is missing) as [[ids], [log
+probabilities x 1000, ints]] (softmax of the raw logits, before the sampler's filters), and the exact acceptance
+rate of a sampled draft there, alpha = sum_x min(p(x), q(x)) over the filtered distributions (x 1e4), to check the
+replay's rows against:
+
+    {"format": 3, "sampling": {...}, "top": K, ..., "prompts": [{"suite", "index", "name", "prompt", "trace",
+     "stop", "target": [[[ids], [logp]], ...], "draft": [...], "alpha": [...]}]}
+
+The distributions are scored in one batch over prompt + trajectory after it is sampled (batched kernels: within
+llama.cpp's batch-vs-single differences of what the sampler saw).
 """
 
 from __future__ import annotations
@@ -47,6 +65,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "data" / "traces.json.gz"
 FORMAT = 2
+FORMAT_SAMPLED = 3
+LOGP_SCALE = 1000  # sampled traces: log probabilities are stored as round(logp * LOGP_SCALE)
 N_ALTS = 2  # alternatives recorded per drafted position (ranks 2..N_ALTS + 1)
 CONF_SCALE = 10_000  # confidences are stored as round(p * CONF_SCALE)
 
@@ -124,6 +144,53 @@ def alternatives(logits: Any, d: int, n: int = N_ALTS) -> list[int]:
     return out
 
 
+def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> list[list[list[int]]]:
+    """The model's next-token distribution at every position of `trace` after `context` (scored in one batch from an
+    empty cache), each as [[the k most likely ids], [their log probabilities x LOGP_SCALE]], and the raw rows'
+    float32 logits for the caller's checks (returned second)."""
+    import numpy as np
+
+    from edgespec.sampling import top_k_indices
+
+    full = list(context) + list(trace)
+    P = len(context)
+    model.reset()
+    logits = model.sync(full, list(range(P - 1, P + len(trace) - 1)))
+    model.reset()
+    out = []
+    for row in logits:
+        x = row.astype(np.float64)
+        lse = float(x.max() + np.log(np.exp(x - x.max()).sum()))
+        top = top_k_indices(x, min(k, x.size))  # the sampler's top-k, ties to the lowest ids as it breaks them
+        top = top[np.argsort(-x[top], kind="stable")]
+        out.append([[int(t) for t in top], [int(round((x[t] - lse) * LOGP_SCALE)) for t in top]])
+    return out, logits
+
+
+def record_sampled(eng: Any, context: list[int], trace: list[int], params: Any, k: int) -> dict[str, Any]:
+    """A sampled trajectory's per-position target and draft distributions (top_rows) and the exact acceptance rate
+    of a sampled draft at each position (sum of min(p, q) over the filtered distributions, x CONF_SCALE)."""
+    import numpy as np
+
+    from edgespec.sampling import warp
+
+    target, p_logits = top_rows(eng.target, context, trace, k)
+    draft, q_logits = top_rows(eng.draft, context, trace, k)
+    full = list(context) + list(trace)
+    alpha = []
+    for t in range(len(trace)):
+        hist = full[: len(context) + t]
+        p, q = warp(p_logits[t], params, hist), warp(q_logits[t], params, hist)
+        alpha.append(int(round(float(np.minimum(p, q).sum()) * CONF_SCALE)))
+    return {"target": target, "draft": draft, "alpha": alpha}
+
+
+def sampled_rows(entry: list[list[int]]) -> tuple[list[int], list[float]]:
+    """One position of a sampled trace's distribution: (ids, probabilities), most likely first."""
+    ids, lps = entry
+    return [int(t) for t in ids], [math.exp(lp / LOGP_SCALE) for lp in lps]
+
+
 def continuation(segments: list[list[Any]], t: int, draft_len: int) -> tuple[list[int], list[float]]:
     """Position t's recorded continuation (tokens, confidences) from a prompt's segments (a segment ends at the
     draft's end-of-generation token, so the continuation does too)."""
@@ -181,9 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--add-alternatives", type=Path, default=None, metavar="IN",
                     help="read a format-1 recording, add the draft's alternatives at every drafted position (the draft "
                          "model only; traces and continuations kept), write format 2 to --out")
+    ap.add_argument("--sampled", action="store_true",
+                    help="record sampled trajectories and both models' top distributions along them (format 3, for "
+                         "replaying temperature > 0); with --temperature/--top-k/--top-p/--min-p/--seed")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--min-p", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--top", type=int, default=40, help="--sampled: most likely tokens recorded per position and model")
     a = ap.parse_args(argv)
     if a.add_alternatives is not None:
         return upgrade(a.add_alternatives, a.out, a.draft, a.threads)
+
+    from dataclasses import replace
 
     from edgespec.bench import load_suites
     from edgespec.config import ModelSpec, SamplingParams
@@ -204,14 +282,25 @@ def main(argv: list[str] | None = None) -> int:
     n_vocab, eog_ids = eng.target.n_vocab, sorted(eng.target.eog_ids)
     t_start = time.perf_counter()
     done: dict[tuple[str, int], dict[str, Any]] = {}
+    kept: dict[str, Any] = {}  # a resumed recording's own facts (when and where its first part was recorded)
     if a.resume and a.out.exists():
         old = json.loads(gzip.decompress(a.out.read_bytes()))
-        if (old.get("format"), old.get("draft_len"), old.get("max_tokens")) == (FORMAT, a.draft_len, a.max_tokens):
+        if (old.get("format"), old.get("draft_len"), old.get("max_tokens")) == (
+            FORMAT_SAMPLED if a.sampled else FORMAT, a.draft_len, a.max_tokens
+        ):
             done = {(p["suite"], p["index"]): p for p in old["prompts"]}
+            kept = {k: v for k, v in old.items() if k not in ("prompts", "recorded", "machine", "seconds")}
+            kept["first_part"] = {k: old.get(k) for k in ("recorded", "machine", "seconds")}
+
+    sampling = SamplingParams(temperature=0)
+    if a.sampled:
+        sampling = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, seed=a.seed)
+        if sampling.greedy:
+            ap.error("--sampled needs --temperature > 0")
 
     def save() -> dict[str, Any]:
         data = {
-            "format": FORMAT,
+            "format": FORMAT_SAMPLED if a.sampled else FORMAT,
             "draft_len": a.draft_len,
             "max_tokens": a.max_tokens,
             "target": os.path.basename(str(tpath)),
@@ -223,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": round(time.perf_counter() - t_start, 1),
             "prompts": prompts,
         }
+        if kept:  # resumed: keep what the file said of its first part
+            data = {**kept, **data}
+        if a.sampled:
+            data["sampling"] = {"temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p, "min_p": a.min_p, "seed": a.seed}
+            data["top"] = a.top
         write_traces(a.out, data)
         return data
 
@@ -238,8 +332,18 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.perf_counter()
             ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
-            r = eng.generate(tokens=ctx, sampling=SamplingParams(temperature=0), max_tokens=a.max_tokens, speculative=False)
+            s = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + len(prompts))
+            r = eng.generate(tokens=ctx, sampling=s, max_tokens=a.max_tokens, speculative=False)
             trace = [int(x) for x in r.token_ids]
+            if a.sampled:
+                rows = eng.submit(lambda e, c=ctx, tr=trace: record_sampled(e, c, tr, sampling, a.top)).result()
+                prompts.append({"suite": suite, "index": i, "name": entry.get("name") or f"{suite}-{i + 1}",
+                                "prompt": ctx, "trace": trace, "stop": r.stats.stop_reason, **rows})
+                print(f"  {suite}-{i + 1}: {len(ctx)} prompt + {len(trace)} tokens, mean alpha "
+                      f"{sum(rows['alpha']) / max(len(trace), 1) / CONF_SCALE:.3f}, {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+                save()
+                continue
             segs = eng.submit(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
             prompts.append({
                 "suite": suite, "index": i, "name": entry.get("name") or f"{suite}-{i + 1}",
