@@ -404,8 +404,9 @@ N_TAIL = 64  # ids past the recorded tokens that hold each row's unrecorded mass
 class SampledVocab:
     """A format-3 recording's rows on a compact vocabulary: every id its prompts, trajectories, end tokens and
     recorded distributions use, then N_TAIL ids for the rest. A row holds a position's K recorded log probabilities
-    (record_traces.top_rows), strictly in the recorded order, and spreads the mass K leaves over the other ids, each below the least recorded one (so a
-    top-k of at most K, the bench's, keeps exactly the recorded tokens; without one the tail is approximated)."""
+    (record_traces.top_rows), strictly in the recorded order, and spreads the mass K leaves over the other ids, each
+    below the least recorded one (so a top-k of at most K, the bench's, keeps exactly the recorded tokens; without
+    one the tail is approximated)."""
 
     def __init__(self, data: Mapping[str, Any]) -> None:
         ids: set[int] = set(int(t) for t in data["eog_ids"])

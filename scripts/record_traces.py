@@ -144,10 +144,10 @@ def alternatives(logits: Any, d: int, n: int = N_ALTS) -> list[int]:
     return out
 
 
-def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> list[list[list[int]]]:
+def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> tuple[list[list[list[int]]], Any]:
     """The model's next-token distribution at every position of `trace` after `context` (scored in one batch from an
-    empty cache), each as [[the k most likely ids], [their log probabilities x LOGP_SCALE]], and the raw rows'
-    float32 logits for the caller's checks (returned second)."""
+    empty cache), each as [[the k most likely ids], [their log probabilities x LOGP_SCALE]]; and the raw float32
+    logits rows (what record_sampled computes the exact acceptance rates from)."""
     import numpy as np
 
     from edgespec.sampling import top_k_indices
@@ -336,25 +336,19 @@ def main(argv: list[str] | None = None) -> int:
             r = eng.generate(tokens=ctx, sampling=s, max_tokens=a.max_tokens, speculative=False)
             trace = [int(x) for x in r.token_ids]
             if a.sampled:
-                rows = eng.submit(lambda e, c=ctx, tr=trace: record_sampled(e, c, tr, sampling, a.top)).result()
-                prompts.append({"suite": suite, "index": i, "name": entry.get("name") or f"{suite}-{i + 1}",
-                                "prompt": ctx, "trace": trace, "stop": r.stats.stop_reason, **rows})
-                print(f"  {suite}-{i + 1}: {len(ctx)} prompt + {len(trace)} tokens, mean alpha "
-                      f"{sum(rows['alpha']) / max(len(trace), 1) / CONF_SCALE:.3f}, {time.perf_counter() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
-                save()
-                continue
-            segs = eng.submit(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
+                got = eng.submit(lambda e, c=ctx, tr=trace: record_sampled(e, c, tr, sampling, a.top)).result()
+                what = f"mean alpha {sum(got['alpha']) / max(len(trace), 1) / CONF_SCALE:.3f}"
+            else:
+                segs = eng.submit(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
+                got = {"segments": segs}
+                hits = len(trace) - len(segs)  # every miss of the draft's first token starts a new segment
+                what = f"{len(segs)} draft segments (~{max(hits, 0) / max(len(trace), 1):.0%} first-token hits)"
             prompts.append({
                 "suite": suite, "index": i, "name": entry.get("name") or f"{suite}-{i + 1}",
-                "prompt": ctx, "trace": trace, "stop": r.stats.stop_reason, "segments": segs,
+                "prompt": ctx, "trace": trace, "stop": r.stats.stop_reason, **got,
             })
-            hits = len(trace) - len(segs)  # every miss of the draft's first token starts a new segment
-            print(
-                f"  {suite}-{i + 1}: {len(ctx)} prompt + {len(trace)} tokens, {len(segs)} draft segments "
-                f"(~{max(hits, 0) / max(len(trace), 1):.0%} first-token hits), {time.perf_counter() - t0:.0f} s",
-                file=sys.stderr, flush=True,
-            )
+            print(f"  {suite}-{i + 1}: {len(ctx)} prompt + {len(trace)} tokens, {what}, {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
             save()  # after every prompt: an interrupted recording goes on with --resume
     finally:
         eng.close()
