@@ -38,8 +38,9 @@ Sampling (--sampled, T > 0): a sampled output has no single trace, so scripts/re
 trajectory per prompt, sampled plainly at T = 1.0 with the bench's settings (top-k 40, top-p 0.95, min-p 0.05), and at
 every position both models' 40 most likely tokens with their probabilities (scripts/data/traces_t1.json.gz). The
 replay then samples for real, through the same loop and the engine's exact acceptance rules, from rows rebuilt from
-the recording (their sum of min(p, q) after the sampler's filters matches the recorded exact acceptance rate to
-about 2e-4: with the bench's top-k of 40 nothing the sampler keeps is missing). What is approximated: a row is the
+the recording (their sum of min(p, q) after the sampler's filters matches the recorded exact acceptance rate, 5e-5
+apart on average, except where a top-p or min-p threshold falls within the rounding of a recorded probability: with
+the bench's top-k of 40 nothing the sampler keeps is missing). What is approximated: a row is the
 recorded distribution at its depth in the output, i.e. after the recorded trajectory's context, whatever the replay
 sampled before it; the lookup drafters see the tokens the replay sampled. Speedups are rates (the two sides may stop
 at different lengths); the oracle is the best expected rate of a policy that knows every position's acceptance

@@ -189,11 +189,15 @@ def test_committed_sampled_recording():
     assert data["format"] == 3 and data["sampling"]["temperature"] == 1.0 and data["top"] >= data["sampling"]["top_k"]
     vocab = ps.SampledVocab(data)
     params = ps.sampled_params(data)
-    for rec in data["prompts"][:: max(1, len(data["prompts"]) // 5)]:  # one prompt of each suite
+    errs = []
+    for rec in data["prompts"]:
         assert len(rec["target"]) == len(rec["draft"]) == len(rec["alpha"]) == len(rec["trace"])
         sp = ps.SampledPrompt(rec, vocab)
-        for i in range(0, len(rec["trace"]), 7):
-            assert abs(ps.row_alpha(sp, i, params) - rec["alpha"][i] / rt.CONF_SCALE) < 2e-3
+        errs += [abs(ps.row_alpha(sp, i, params) - a / rt.CONF_SCALE) for i, a in enumerate(rec["alpha"])]
+    # every position: the rebuilt rows' acceptance rate is the recorded one, except where a top-p or min-p threshold
+    # falls within the rounding of a recorded probability (3 of the 3,789 positions recorded on 2026-12-02)
+    e = np.asarray(errs)
+    assert e.mean() < 1e-4 and np.mean(e > 1e-3) < 0.005 and e.max() < 0.1, (e.mean(), np.sum(e > 1e-3), e.max())
 
 
 def test_sampled_flag_refuses_a_greedy_recording(capsys):
