@@ -265,18 +265,23 @@ class TraceTarget:
         start = len(self.cached)
         n = len(tokens)
         self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
+        out = self._tree_rows(start, tokens, depths, seq_ids)
+        self.cached.append(int(tokens[0]))
+        self.n_decoded += n
+        return out
+
+    def _tree_rows(self, start: int, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """decode_tree's rows for a tree rooted at context position `start` (see decode_tree)."""
         on_path: dict[int, dict[int, int]] = {}  # path id -> depth -> token
         for tok, d, ids in zip(tokens, depths, seq_ids):
             for s in ids:
                 on_path.setdefault(s, {})[d] = tok
-        out = np.zeros((n, self.n_vocab), np.float32)
+        out = np.zeros((len(tokens), self.n_vocab), np.float32)
         last = len(self.full) - 1
         for i, (d, ids) in enumerate(zip(depths, seq_ids)):
             path = on_path[ids[0]] if ids else {}
             if all(start + j <= last and path.get(j) == self.full[start + j] for j in range(1, d + 1)):
                 out[i, self.full[min(start + d + 1, last)]] = 1.0
-        self.cached.append(int(tokens[0]))
-        self.n_decoded += n
         return out
 
     def keep_tree_path(self, path: int, tokens: Sequence[int]) -> None:
@@ -476,12 +481,7 @@ class SampledTarget(TraceTarget):
     def _rows(self, start_pos: int, rows: Sequence[int]) -> np.ndarray:
         return np.stack([self.sp.p(start_pos + r + 1 - self.P) for r in rows]) if rows else np.empty((0, self.n_vocab), np.float32)
 
-    def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        start = len(self.cached)
-        n = len(tokens)
-        self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
-        self.cached.append(int(tokens[0]))
-        self.n_decoded += n
+    def _tree_rows(self, start: int, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
         return np.stack([self.sp.p(start + d + 1 - self.P) for d in depths])
 
 
