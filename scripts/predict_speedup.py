@@ -518,16 +518,18 @@ def sampled_params(meta: Mapping[str, Any]) -> Any:
 def row_alpha(sp: SampledPrompt, i: int, params: Any) -> float:
     """sum_x min(p(x), q(x)) of the replay's rows at trajectory index i after the sampler's filters: what a sampled
     draft token is accepted with there (the recording's exact value is rec["alpha"][i])."""
+    from edgespec.acceptance import expected_acceptance
     from edgespec.sampling import warp
 
     hist = sp.prompt + sp.trace[:i]
-    return float(np.minimum(warp(sp.p(i), params, hist), warp(sp.q(i), params, hist)).sum())
+    return expected_acceptance(warp(sp.p(i), params, hist), warp(sp.q(i), params, hist))
 
 
 def sampled_acceptance(sp: SampledPrompt, params: Any, k_max: int, spec: Any) -> tuple[list[float], list[list[float]]]:
     """Per trajectory index t: the draft model's acceptance rate there (the recorded alpha) and the n-gram lookup's
     per-token acceptance of its proposal (up to k_max tokens, from prompt + trajectory[:t]): p(d_i) at index t + i
     after the sampler's filters (a deterministic draft token is accepted with the target's probability of it)."""
+    from edgespec.acceptance import expected_acceptance
     from edgespec.ngram import NgramIndex
     from edgespec.sampling import warp
 
@@ -540,7 +542,7 @@ def sampled_acceptance(sp: SampledPrompt, params: Any, k_max: int, spec: Any) ->
     lookup = []
     for t in range(n):
         m = idx.lookup(sp.prompt + sp.trace[:t], k_max)
-        lookup.append([float(probs[t + i][d]) for i, d in enumerate(m.tokens[: n - t])])
+        lookup.append([expected_acceptance(probs[t + i], None, d) for i, d in enumerate(m.tokens[: n - t])])
     return alpha, lookup
 
 

@@ -170,8 +170,7 @@ def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> tuple[
 def record_sampled(eng: Any, context: list[int], trace: list[int], params: Any, k: int) -> dict[str, Any]:
     """A sampled trajectory's per-position target and draft distributions (top_rows) and the exact acceptance rate
     of a sampled draft at each position (sum of min(p, q) over the filtered distributions, x CONF_SCALE)."""
-    import numpy as np
-
+    from edgespec.acceptance import expected_acceptance
     from edgespec.sampling import warp
 
     target, p_logits = top_rows(eng.target, context, trace, k)
@@ -181,7 +180,7 @@ def record_sampled(eng: Any, context: list[int], trace: list[int], params: Any, 
     for t in range(len(trace)):
         hist = full[: len(context) + t]
         p, q = warp(p_logits[t], params, hist), warp(q_logits[t], params, hist)
-        alpha.append(int(round(float(np.minimum(p, q).sum()) * CONF_SCALE)))
+        alpha.append(int(round(expected_acceptance(p, q) * CONF_SCALE)))
     return {"target": target, "draft": draft, "alpha": alpha}
 
 
