@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Sequence
 
 import numpy as np
 
@@ -17,9 +18,11 @@ class AcceptanceEstimator:
 
     Each position keeps decayed counts of acceptances s_j and rejections f_j. A cycle that drafted n tokens
     and had m accepted observes positions 1..m as accepted, position m+1 as rejected when m < n, and leaves
-    later positions unobserved. Counts are multiplied by `decay` per emitted token (plain tokens included,
-    via `age`), so the estimate follows the text being written: evidence from ~1/(1-decay) tokens ago
-    weighs 1/e.
+    later positions unobserved. Where the verify knew each examined position's acceptance probability c_j (a sampled
+    verify: sum min(p, q)), the position adds c_j to s_j and 1 - c_j to f_j instead of the draw's 1 and 0: the same
+    expectation, without the draw's noise (Rao-Blackwell), which at temperature > 0 is most of the noise. Counts are
+    multiplied by `decay` per emitted token (plain tokens included, via `age`), so the estimate follows the text
+    being written: evidence from ~1/(1-decay) tokens ago weighs 1/e.
 
     Deep positions are observed rarely, so they borrow strength from the pooled rate (shrinkage):
 
@@ -49,11 +52,18 @@ class AcceptanceEstimator:
         self.accepted *= factor
         self.rejected *= factor
 
-    def update(self, n_drafted: int, n_accepted: int) -> None:
-        """Fold in one cycle (ageing the counts by the n_accepted + 1 tokens it emitted)."""
+    def update(self, n_drafted: int, n_accepted: int, chances: Sequence[float] = ()) -> None:
+        """Fold in one cycle (ageing the counts by the n_accepted + 1 tokens it emitted). chances: the acceptance
+        probability of each examined position (min(n_accepted + 1, n_drafted) of them; anything else is ignored and
+        the draws count)."""
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         self.age(n_accepted + 1)
+        if chances and len(chances) == min(n_accepted + 1, n_drafted):
+            c = np.clip(np.asarray(chances[: self.k_max], dtype=np.float64), 0.0, 1.0)
+            self.accepted[: c.size] += c
+            self.rejected[: c.size] += 1.0 - c
+            return
         n_drafted, n_accepted = min(n_drafted, self.k_max), min(n_accepted, self.k_max)
         self.accepted[:n_accepted] += 1.0
         if n_accepted < n_drafted:
@@ -89,7 +99,8 @@ class MatchLengthEstimator:
 
     Model: an accepted token extends the agreement by one, so a proposal made at run m has per-position
     acceptance a_j = α(m + j - 1). Every drafted position is then one observation of α at its own run, deep
-    positions teach the long-run buckets, and a plain step whose emitted token can be compared with what the
+    positions teach the long-run buckets (from the acceptance probability p(d) of each examined position where a sampled
+    verify knew it, as AcceptanceEstimator does, else from the draw), and a plain step whose emitted token can be compared with what the
     lookup would have proposed is one free "shadow" observation (unbiased at any temperature: with a one-hot
     proposal d the acceptance probability is p(d), the chance that the target's own token is d).
 
@@ -122,20 +133,31 @@ class MatchLengthEstimator:
         self.rejected *= factor
         self._alphas = None
 
-    def observe(self, run: int, accepted: bool) -> None:
-        """One drafted (or shadow) position at run `run`."""
+    def observe(self, run: int, accepted: bool | float) -> None:
+        """One drafted (or shadow) position at run `run`: accepted or not, or the probability it had of being
+        accepted."""
         b = self.bucket(run)
-        if accepted:
-            self.accepted[b] += 1.0
+        if isinstance(accepted, bool):
+            if accepted:
+                self.accepted[b] += 1.0
+            else:
+                self.rejected[b] += 1.0
         else:
-            self.rejected[b] += 1.0
+            c = min(max(float(accepted), 0.0), 1.0)
+            self.accepted[b] += c
+            self.rejected[b] += 1.0 - c
         self._alphas = None
 
-    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int) -> None:
-        """A cycle that drafted n_drafted tokens at run `run` and had the first n_accepted accepted."""
+    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int, chances: Sequence[float] = ()) -> None:
+        """A cycle that drafted n_drafted tokens at run `run` and had the first n_accepted accepted; chances as in
+        AcceptanceEstimator.update."""
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
         self.age(n_accepted + 1)
+        if chances and len(chances) == min(n_accepted + 1, n_drafted):
+            for i, c in enumerate(chances):
+                self.observe(run + i, float(c))
+            return
         for i in range(n_accepted):
             self.observe(run + i, True)
         if n_accepted < n_drafted:

@@ -16,6 +16,7 @@ The estimators (estimators.py) learn acceptance online; here they become decisio
 from __future__ import annotations
 
 from collections import Counter
+from typing import Sequence
 
 import numpy as np
 
@@ -258,7 +259,7 @@ class Controller:
 
     def observe(
         self, n_drafted: int, n_accepted: int, t_draft: float, t_verify: float, *, n_catchup: int | None = None,
-        n_verified: int | None = None, bonus: int = 0,
+        n_verified: int | None = None, bonus: int = 0, chances: Sequence[float] = (),
     ) -> None:
         """Fold in one finished cycle: n_drafted tokens drafted (0 = a plain step), n_accepted of them
         accepted, t_draft seconds drafting, t_verify seconds in the target decode of n_drafted + 1 tokens.
@@ -272,6 +273,9 @@ class Controller:
         A draft-model tree (siblings beside the chain): n_drafted and n_accepted are the chain's (what the position
         estimates learn from), n_verified the nodes the verify decoded (what the curve learns from), bonus 1 when a
         sibling was kept (a token the run delivered beyond the chain's).
+
+        chances: the acceptance probability of each chain position the verify examined (Outcome.chances), which the
+        position estimates learn from in place of the draws where given (AcceptanceEstimator.update).
         """
         if not (0 <= n_accepted <= n_drafted):
             raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
@@ -286,7 +290,7 @@ class Controller:
             return
         if n_catchup is None or n_catchup <= self.STEADY_CATCHUP:
             self.cost.update_draft(t_draft / n_drafted)
-        self.estimator.update(n_drafted, n_accepted)
+        self.estimator.update(n_drafted, n_accepted, chances)
         if not self.spec.adaptive:
             return
         if self._plain:  # the result of a probe
@@ -457,13 +461,13 @@ class NgramPolicy(_LookupPolicy):
         self.decisions[k] += 1
         return k
 
-    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int, t_verify: float) -> None:
-        """A verified n-gram draft (n_drafted >= 1) made at run `run`."""
+    def observe_cycle(self, run: int, n_drafted: int, n_accepted: int, t_verify: float, chances: Sequence[float] = ()) -> None:
+        """A verified n-gram draft (n_drafted >= 1) made at run `run` (chances: Outcome.chances)."""
         self.cycles += 1
         self.tokens_drafted += n_drafted
         self.tokens_accepted += n_accepted
         self.cost.update_verify(n_drafted + 1, t_verify)
-        self.estimator.observe_cycle(run, n_drafted, n_accepted)
+        self.estimator.observe_cycle(run, n_drafted, n_accepted, chances)
 
     def stats(self) -> dict:
         return {

@@ -35,12 +35,12 @@ stop_reason "constraint".
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Generator, Protocol, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled
+from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, coupled_acceptance, expected_acceptance
 from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
@@ -152,7 +152,8 @@ def verify(
 
     `logits` has len(draft) + 1 rows, or len(draft) rows when the last drafted id lies outside the target's
     vocabulary or the constraint (it was not decoded): that position is a certain rejection, answered from its
-    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping.
+    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping. A sampled verify
+    fills the verdict's `chances` (the acceptance probability of each position the rule examined).
     """
     k = len(draft)
     n_rows = logits.shape[0]
@@ -184,8 +185,13 @@ def verify(
         _expected_acceptance(draft, q, p[:n_rows], stats)
     if isinstance(rng, PositionalUniforms):  # seeded: common random numbers, output = plain output
         L = len(history)
-        return accept_coupled(draft, p, [rng.at(L + i) for i in range(k + 1)])
-    return accept_sampled(draft, q, p, rng)
+        verdict = accept_coupled(draft, p, [rng.at(L + i) for i in range(k + 1)])
+        chance = coupled_acceptance
+    else:
+        verdict = accept_sampled(draft, q, p, rng)
+        chance = expected_acceptance
+    examined = min(verdict.n_accepted + 1, k)
+    return replace(verdict, chances=tuple(chance(p[i], q[i], draft[i]) for i in range(examined)))
 
 
 def _expected_acceptance(draft: Sequence[int], q: Sequence[np.ndarray | None], p: np.ndarray, stats: GenerationStats) -> None:
@@ -314,14 +320,11 @@ def speculate(
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
                     pending = None
-                new, n_drafted, n, rows, skipped = _tree_cycle(
-                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None
-                )
+                cycle = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None)
             else:
-                new, n_drafted, n, rows, skipped = _chain_cycle(
-                    target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None
-                )
+                cycle = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None)
                 pending = None
+            new, n_drafted, n, rows, skipped = cycle.tokens, cycle.n_drafted, cycle.n_kept, cycle.rows, cycle.skipped
             t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
             # rows, see _known_rows): their time must not teach the costs
@@ -355,9 +358,11 @@ def speculate(
                     nf = len(forced)
                     own_kept = min(max(0, n_kept - nf), n_own)
                     # tokens: those after the forced ones, where the speculator's own proposal starts
-                    speculator.observe(Outcome(min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:])))
+                    speculator.observe(Outcome(
+                        min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:]), cycle.chances[nf:]
+                    ))
                 else:
-                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new)))
+                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new), cycle.chances))
             yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None and not dead_end, lps)
             if dead_end:
                 stats.stop_reason = "constraint"
@@ -453,6 +458,19 @@ def _decode_rows(target: LanguageModel, tokens: Sequence[int], start_pos: int, k
     return out
 
 
+class _Verified(NamedTuple):
+    """A verified cycle: the tokens it adds, the drafts (or tree nodes) verified, the drafts kept, with want_rows the
+    masked logits row of each added token, how many rows the target did not compute (see _known_rows), and the
+    acceptance chances of the chain positions the rule examined (Verdict.chances; a tree's first-child chain)."""
+
+    tokens: list[int]
+    n_drafted: int
+    n_kept: int
+    rows: list[np.ndarray] | None
+    skipped: int
+    chances: tuple[float, ...]
+
+
 def _chain_cycle(
     target: LanguageModel,
     proposal: Proposal,
@@ -464,9 +482,8 @@ def _chain_cycle(
     pending: np.ndarray | None,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
-) -> tuple[list[int], int, int, list[np.ndarray] | None, int]:
-    """Verify a chain of drafts in one decode: (tokens added, drafts verified, drafts kept, with want_rows the
-    masked logits row of each added token, and how many rows the target did not compute: see _known_rows)."""
+) -> _Verified:
+    """Verify a chain of drafts in one decode."""
     L = len(ctx)
     draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
     masks: list[np.ndarray] | None = None
@@ -489,7 +506,7 @@ def _chain_cycle(
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
-    return draft[:n] + [verdict.token], len(draft), n, own_rows, len(known)
+    return _Verified(draft[:n] + [verdict.token], len(draft), n, own_rows, len(known), verdict.chances)
 
 
 class _TreeRows(Sequence[Any]):
@@ -536,10 +553,9 @@ def _tree_cycle(
     rng: np.random.Generator | PositionalUniforms,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
-) -> tuple[list[int], int, int, list[np.ndarray] | None, int]:
-    """Verify a token tree in one decode and keep the accepted path: (tokens added, nodes decoded, nodes kept, with
-    want_rows the masked logits row of each added token, and the rows not computed: 0, except in the plain step of a
-    tree that does not fit, see _chain_cycle).
+) -> _Verified:
+    """Verify a token tree in one decode and keep the accepted path (n_drafted: the nodes decoded; skipped: 0, except in
+    the plain step of a tree that does not fit, see _chain_cycle).
     Nodes deeper than `budget` are dropped first, then the last nodes (insertion order: a node's children keep a prefix
     of their ranks, which keeps the rule exact) past what the target's context and batch hold; ids the target lacks,
     or the constraint forbids, are certain rejections, never decoded."""
@@ -570,7 +586,28 @@ def _tree_cycle(
         own_rows = [
             apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
         ]
-    return verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0
+    chances = () if sampling.greedy else _chain_chances(tree, rows, verdict.path, isinstance(rng, PositionalUniforms))
+    return _Verified(verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0, chances)
+
+
+def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], coupled: bool) -> tuple[float, ...]:
+    """Verdict.chances for a tree's chain of first children (a draft model's own chain; its siblings are later
+    children): the acceptance probability of each first child the rule tried, from the root down to the first one it
+    did not keep. The tree rule tries a node's first child before any other with min(1, p/q), so its chance is that of
+    a chain (for the coupled rule, the first child equal to the target's sample is kept: the same chance)."""
+    chance = coupled_acceptance if coupled else expected_acceptance
+    out: list[float] = []
+    node = ROOT
+    for depth in range(tree.max_depth):
+        kids = tree.children(node)
+        if not kids:
+            break
+        first = kids[0]
+        out.append(chance(rows[node + 1], tree.q(first), tree.token(first)))
+        if depth >= len(path) or path[depth] != first:
+            break
+        node = first
+    return tuple(out)
 
 
 def _tree_masks(constraint: TokenConstraint, tree: TokenTree) -> tuple[dict[int, np.ndarray], set[int]]:

@@ -44,7 +44,10 @@ class Proposal:
 class Outcome:
     """What happened to a cycle's proposal: n_drafted tokens verified (0 = a plain step; for a tree, its nodes),
     n_accepted kept, n_emitted tokens added to the text (accepted + the target's own token, fewer when an end token cut the
-    cycle short), and the seconds spent drafting and in the target's decode."""
+    cycle short), and the seconds spent drafting and in the target's decode. `chances`: the probability each drafted
+    position the rule examined had of being accepted (acceptance.Verdict.chances; a tree's first-child chain), for the
+    sampled verifies that compute it, else empty: an estimator learns from these expectations where it can, and from
+    the accepted/rejected draws otherwise."""
 
     n_drafted: int
     n_accepted: int
@@ -52,6 +55,7 @@ class Outcome:
     t_draft: float
     t_verify: float
     tokens: tuple[int, ...] = ()  # the tokens the cycle added after any a constraint forced: the accepted drafts, then the target's own
+    chances: tuple[float, ...] = ()
 
 
 class Speculator(Protocol):

@@ -60,7 +60,7 @@ class LookupSpeculator:
 
     def observe(self, outcome: Outcome) -> None:
         if outcome.n_drafted and self._run:
-            self.policy.observe_cycle(self._run, outcome.n_drafted, outcome.n_accepted, outcome.t_verify)
+            self.policy.observe_cycle(self._run, outcome.n_drafted, outcome.n_accepted, outcome.t_verify, outcome.chances)
         else:
             self.policy.observe_plain(outcome.t_verify if not outcome.n_drafted else 0.0, max(outcome.n_emitted, 1))
         self._run = 0

@@ -104,7 +104,9 @@ class ModelSpeculator:
         if self._tree is not None and outcome.n_drafted:
             self._observe_tree(outcome, catchup)
         else:
-            self.controller.observe(outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify, n_catchup=catchup)
+            self.controller.observe(
+                outcome.n_drafted, outcome.n_accepted, outcome.t_draft, outcome.t_verify, n_catchup=catchup, chances=outcome.chances
+            )
         self._catchup = 0
         self._tree = None
 
@@ -118,7 +120,8 @@ class ModelSpeculator:
         m = sum(1 for _, r in kept if r == 0)  # chain tokens kept (a kept sibling ends the path: it is a leaf)
         sibling = kept[-1][1] if len(kept) > m else 0  # its rank among the children (1 = the best sibling)
         self.controller.observe(
-            k, m, outcome.t_draft, outcome.t_verify, n_catchup=catchup, n_verified=outcome.n_drafted, bonus=int(sibling > 0)
+            k, m, outcome.t_draft, outcome.t_verify, n_catchup=catchup, n_verified=outcome.n_drafted, bonus=int(sibling > 0),
+            chances=outcome.chances,
         )
         pol = self.controller.sibling_policy
         # d_{m+1} was rejected with siblings beside it; a tree cut to fit the batch (fewer nodes decoded) teaches nothing
