@@ -49,10 +49,9 @@ class Verdict:
     token: the next token after them: the residual sample at the first rejection (bonus=False), or the
         bonus sample from p_k when all k drafts were accepted (bonus=True).
     chances: for each draft position the rule examined (d_0..d_n, or all k when every one was kept), the probability
-        it had of being accepted there (`expected_acceptance`, or `coupled_acceptance` for accept_coupled): the
-        expectation of the accepted/rejected indicator given the rows, from which an acceptance estimate learns with
-        less noise than from the draw itself (Rao-Blackwell). Filled in by speculate.verify for sampled verifies;
-        empty otherwise (greedy: the indicator is already certain).
+        it had of being accepted there (`expected_acceptance`): the expectation of the accepted/rejected indicator
+        given the rows, from which an acceptance estimate learns with less noise than from the draw itself
+        (Rao-Blackwell). Filled in by speculate.verify (see there when); empty otherwise.
     """
 
     n_accepted: int
@@ -161,27 +160,4 @@ def expected_acceptance(p_row: np.ndarray, q_row: np.ndarray | None, draft_token
     return float(np.minimum(p_row[:n], q_row[:n]).sum())
 
 
-def coupled_acceptance(p_row: np.ndarray, q_row: np.ndarray | None, draft_token: int | None = None) -> float:
-    """The probability that one drafted token is accepted under common random numbers (accept_coupled): the draft's
-    token and the target's are the inverse-CDF samples (sampling.sample_at) of q and p at one uniform u, so it is the
-    measure of the u where the two agree, sum_t |[P(t-1), P(t)) ∩ [Q(t-1), Q(t))| over the cumulative sums P, Q of
-    the normalised rows (at most sum_t min(p(t), q(t))). For a deterministic proposal (q_row None) it is p(draft_token),
-    as for accept_sampled."""
-    if q_row is None:
-        return expected_acceptance(p_row, None, draft_token)
-    p_row, q_row = np.asarray(p_row, dtype=np.float64), np.asarray(q_row, dtype=np.float64)
-    n = max(p_row.shape[0], q_row.shape[0])
-    cum = []
-    for row in (p_row, q_row):
-        c = np.zeros(n + 1)
-        np.cumsum(row, out=c[1 : row.shape[0] + 1])
-        c[row.shape[0] + 1 :] = c[row.shape[0]]
-        cum.append(c / c[-1])
-    (p_cum, q_cum) = cum
-    overlap = np.minimum(p_cum[1:], q_cum[1:]) - np.maximum(p_cum[:-1], q_cum[:-1])
-    return float(np.maximum(overlap, 0.0).sum())
-
-
-__all__ = [
-    "Verdict", "accept_greedy", "accept_sampled", "accept_coupled", "coupled_acceptance", "expected_acceptance", "residual",
-]
+__all__ = ["Verdict", "accept_greedy", "accept_sampled", "accept_coupled", "expected_acceptance", "residual"]

@@ -26,6 +26,9 @@ from .tree_shape import TreeShape, best_tree, from_conditional
 from .costs import GATE_MIN_GAIN, GATE_OPTIMISTIC_A, CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling
 
 
+CHANCES_BELOW = 8.0  # Controller.wants_chances: decayed observations at position 1 below which a draft asks for chances
+
+
 class Controller:
     """Chooses the draft length of each cycle; see the module docstring for the cost model.
 
@@ -71,6 +74,7 @@ class Controller:
         extend: bool = True,
         probe_budget: float = 0.1,
         siblings: "SiblingPolicy | None" = None,
+        chances_below: float = CHANCES_BELOW,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -91,6 +95,7 @@ class Controller:
         self.extend = extend
         self.probe_budget = probe_budget
         self.sibling_policy = siblings
+        self.chances_below = chances_below
         self._rho: float | None = None  # the long-run rate of this cycle's plan (keep_drafting / siblings), cached
         self._gate: tuple[tuple[int, float], bool] | None = None
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
@@ -155,6 +160,13 @@ class Controller:
         self._confidences = {}
         self._rho = None
         return k
+
+    @property
+    def wants_chances(self) -> bool:
+        """Should this cycle's sampled drafts have their acceptance chances worked out (Proposal.sampled_chances)? While
+        position 1 holds less than `chances_below` decayed observations: there a few draws swing the estimates (a fresh
+        engine, a long plain stretch) and one pass over the vocabulary per position buys a noiseless observation."""
+        return float(self.estimator.accepted[0] + self.estimator.rejected[0]) < self.chances_below
 
     def _probe_affordable(self, behind: int | None) -> bool:
         if behind is None or self.probe_budget <= 0:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, coupled_acceptance, expected_acceptance
+from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, expected_acceptance
 from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
@@ -145,6 +145,7 @@ def verify(
     rng: np.random.Generator | PositionalUniforms,
     stats: GenerationStats | None = None,
     masks: Sequence[np.ndarray | None] | None = None,
+    sampled_chances: bool = False,
 ) -> Verdict:
     """Target rows -> verdict. Row i predicts the token after history + draft[:i]; the same `warp` (with the same
     penalty history) defines p as on the plain path. With a Generator the exact rule min(1, p/q) applies
@@ -152,8 +153,13 @@ def verify(
 
     `logits` has len(draft) + 1 rows, or len(draft) rows when the last drafted id lies outside the target's
     vocabulary or the constraint (it was not decoded): that position is a certain rejection, answered from its
-    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping. A sampled verify
-    fills the verdict's `chances` (the acceptance probability of each position the rule examined).
+    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping.
+
+    At temperature > 0 the verdict carries `chances` (the acceptance probability of each position the rule examined)
+    where they are cheap or asked for: a deterministic draft's is p(d), one entry of a row verify computed anyway; a
+    sampled draft's is sum min(p, q), a pass over the vocabulary per position (about a quarter of a `warp`), computed
+    only with `sampled_chances` and never for a seeded verify (common random numbers accept a sampled draft with a
+    different probability). Where any examined position lacks its chance, there are none.
     """
     k = len(draft)
     n_rows = logits.shape[0]
@@ -186,12 +192,13 @@ def verify(
     if isinstance(rng, PositionalUniforms):  # seeded: common random numbers, output = plain output
         L = len(history)
         verdict = accept_coupled(draft, p, [rng.at(L + i) for i in range(k + 1)])
-        chance = coupled_acceptance
+        sampled_chances = False
     else:
         verdict = accept_sampled(draft, q, p, rng)
-        chance = expected_acceptance
     examined = min(verdict.n_accepted + 1, k)
-    return replace(verdict, chances=tuple(chance(p[i], q[i], draft[i]) for i in range(examined)))
+    if not sampled_chances and any(q[i] is not None for i in range(examined)):
+        return verdict
+    return replace(verdict, chances=tuple(expected_acceptance(p[i], q[i], draft[i]) for i in range(examined)))
 
 
 def _expected_acceptance(draft: Sequence[int], q: Sequence[np.ndarray | None], p: np.ndarray, stats: GenerationStats) -> None:
@@ -320,7 +327,9 @@ def speculate(
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
                     pending = None
-                cycle = _tree_cycle(target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None)
+                cycle = _tree_cycle(
+                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None, proposal.sampled_chances
+                )
             else:
                 cycle = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None)
                 pending = None
@@ -401,10 +410,10 @@ def _after_forced(forced: list[int], proposal: Proposal) -> Proposal:
         own = proposal.tree
         for i in range(len(own)):
             index[i] = tree.add(index[own.parents[i]], own.token(i), own.q(i))
-        return Proposal(source=proposal.source, tree=tree)
+        return Proposal(source=proposal.source, tree=tree, sampled_chances=proposal.sampled_chances)
     source = proposal.source if proposal.tokens else "grammar"
     q: list[np.ndarray | None] = [None] * len(forced)
-    return Proposal(forced + list(proposal.tokens), q + list(proposal.q), source)
+    return Proposal(forced + list(proposal.tokens), q + list(proposal.q), source, sampled_chances=proposal.sampled_chances)
 
 
 def _chain_masks(constraint: TokenConstraint, draft: Sequence[int]) -> tuple[list[np.ndarray], int]:
@@ -502,7 +511,7 @@ def _chain_cycle(
         known.pop(0, None)  # row 0 is the prefill's, computed already
         rows = _decode_rows(target, draft[:n_decode], L, {i - 1: t for i, t in known.items()}) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
-    verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks)
+    verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks, proposal.sampled_chances)
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
@@ -553,6 +562,7 @@ def _tree_cycle(
     rng: np.random.Generator | PositionalUniforms,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
+    sampled_chances: bool = False,
 ) -> _Verified:
     """Verify a token tree in one decode and keep the accepted path (n_drafted: the nodes decoded; skipped: 0, except in
     the plain step of a tree that does not fit, see _chain_cycle).
@@ -586,16 +596,16 @@ def _tree_cycle(
         own_rows = [
             apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
         ]
-    chances = () if sampling.greedy else _chain_chances(tree, rows, verdict.path, isinstance(rng, PositionalUniforms))
+    chances = _chain_chances(tree, rows, verdict.path, sampled_chances and not isinstance(rng, PositionalUniforms)) if not sampling.greedy else ()
     return _Verified(verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0, chances)
 
 
-def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], coupled: bool) -> tuple[float, ...]:
-    """Verdict.chances for a tree's chain of first children (a draft model's own chain; its siblings are later
-    children): the acceptance probability of each first child the rule tried, from the root down to the first one it
-    did not keep. The tree rule tries a node's first child before any other with min(1, p/q), so its chance is that of
-    a chain (for the coupled rule, the first child equal to the target's sample is kept: the same chance)."""
-    chance = coupled_acceptance if coupled else expected_acceptance
+def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], sampled: bool) -> tuple[float, ...]:
+    """Verdict.chances (see verify: `sampled` as its sampled_chances) for a tree's chain of first children (a draft
+    model's own chain; its siblings are later children): the acceptance probability of each first child the rule tried,
+    from the root down to the first one it did not keep. The tree rule tries a node's first child before any other,
+    with min(1, p/q) (the coupled rule keeps it when it is the target's sample, p(d) for a deterministic child), so its
+    chance is that of a chain."""
     out: list[float] = []
     node = ROOT
     for depth in range(tree.max_depth):
@@ -603,7 +613,9 @@ def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], coup
         if not kids:
             break
         first = kids[0]
-        out.append(chance(rows[node + 1], tree.q(first), tree.token(first)))
+        if tree.q(first) is not None and not sampled:
+            return ()
+        out.append(expected_acceptance(rows[node + 1], tree.q(first), tree.token(first)))
         if depth >= len(path) or path[depth] != first:
             break
         node = first

@@ -9,12 +9,12 @@ import pytest
 from test_draft_trees import fake_speculator
 from test_loop import FakeModel, FakeTreeModel, OracleSpeculator, run
 
-from edgespec.acceptance import coupled_acceptance, expected_acceptance
+from edgespec.acceptance import expected_acceptance
 from edgespec.config import SamplingParams, SpecConfig
 from edgespec.costs import CostModel
 from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
 from edgespec.policy import Controller
-from edgespec.sampling import PositionalUniforms, sample_at, warp
+from edgespec.sampling import PositionalUniforms, warp
 from edgespec.speculate import verify
 from edgespec.speculators import ModelSpeculator
 
@@ -25,31 +25,11 @@ def _row(rng: np.random.Generator, n: int, zeros: int = 0) -> np.ndarray:
     return x / x.sum()
 
 
-def test_coupled_acceptance_is_the_measure_of_the_uniforms_where_the_two_samples_agree():
-    """On a grid of N = 20,000 uniforms the inverse-CDF samples of p and q agree on a fraction within 2V/N of the
-    computed measure (every cell boundary can misplace at most one grid point); rows of different lengths (a padded
-    vocabulary) and rows with zeros included."""
-    rng = np.random.default_rng(11)
-    n = 20_000
-    grid = (np.arange(n) + 0.5) / n
-    for trial in range(6):
-        p = _row(rng, 8, zeros=trial % 3)
-        q = _row(rng, 10 if trial % 2 else 8, zeros=(trial + 1) % 3)
-        agree = np.mean([sample_at(p, u) == sample_at(q, u) for u in grid])
-        got = coupled_acceptance(p, q)
-        assert abs(got - agree) <= 2 * 10 / n
-        assert got <= expected_acceptance(p, q) + 1e-12  # the common-u overlap never beats sum min(p, q)
-    p = _row(rng, 8)
-    assert coupled_acceptance(p, p) == pytest.approx(1.0)
-    assert coupled_acceptance(p, None, 3) == expected_acceptance(p, None, 3) == p[3]
-
-
 def _logits(rng: np.random.Generator, k: int, v: int = 8) -> np.ndarray:
     return (rng.standard_normal((k + 1, v)) * 2.0).astype(np.float32)
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["generator", "seeded"])
-def test_a_sampled_verify_reports_the_chance_of_each_examined_position(seeded):
+def test_a_sampled_verify_reports_the_chance_of_each_examined_position():
     sp = SamplingParams(temperature=0.8, top_p=0.95)
     rng = np.random.default_rng(3)
     lengths = set()
@@ -60,17 +40,35 @@ def test_a_sampled_verify_reports_the_chance_of_each_examined_position(seeded):
         # likely drafts (each row's argmax; a sampled one's q puts half its mass there), so that long prefixes are kept
         draft = [int(np.argmax(logits[i])) for i in range(k)]
         q = [0.5 * _row(rng, 8) + 0.5 * np.eye(8)[draft[i]] if i % 2 == 0 else None for i in range(k)]
-        source = PositionalUniforms(trial) if seeded else np.random.default_rng(trial)
-        v = verify(draft, q, logits, history, sp, source)
+        v = verify(draft, q, logits, history, sp, np.random.default_rng(trial), sampled_chances=True)
         assert len(v.chances) == min(v.n_accepted + 1, k)
         lengths.add(len(v.chances))
-        chance = coupled_acceptance if seeded else expected_acceptance
         for i, c in enumerate(v.chances):
             p_i = warp(logits[i], sp, history + draft[:i])
-            assert c == pytest.approx(chance(p_i, q[i], draft[i]), abs=1e-12)
+            assert c == pytest.approx(expected_acceptance(p_i, q[i], draft[i]), abs=1e-12)
+        # not asked for: a verify that examined a sampled draft (here always d_0) reports none
+        assert verify(draft, q, logits, history, sp, np.random.default_rng(trial)).chances == ()
     assert lengths == {1, 2, 3, 4}
     greedy = verify([1, 2], [None, None], _logits(rng, 2), [0], SamplingParams(temperature=0), np.random.default_rng(0))
     assert greedy.chances == ()  # the indicator is certain: nothing to add
+
+
+def test_deterministic_drafts_always_have_their_chance_and_seeded_sampled_ones_never():
+    """p(d) is one entry of a row the verify computes anyway, and it is the acceptance probability under the chain rule
+    and under common random numbers alike; a seeded verify accepts a sampled draft with another probability than
+    sum min(p, q), so it reports none even when asked."""
+    sp = SamplingParams(temperature=1.0)
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        logits = _logits(rng, 3)
+        draft = [int(np.argmax(logits[i])) for i in range(3)]
+        for source in (np.random.default_rng(trial), PositionalUniforms(trial)):
+            v = verify(draft, [None] * 3, logits, [0], sp, source)
+            assert len(v.chances) == min(v.n_accepted + 1, 3)
+            for i, c in enumerate(v.chances):
+                assert c == pytest.approx(float(warp(logits[i], sp, [0] + draft[:i])[draft[i]]), abs=1e-12)
+        q = [_row(rng, 8), None, None]
+        assert verify(draft, q, logits, [0], sp, PositionalUniforms(trial), sampled_chances=True).chances == ()
 
 
 def test_the_estimators_learn_from_chances_where_given_and_from_draws_otherwise():
@@ -111,7 +109,7 @@ class _Recorder(ModelSpeculator):
 def test_the_loop_hands_the_chances_of_a_chain_to_its_speculator(temperature):
     sp = SamplingParams(temperature=temperature)
     target = FakeModel(64, seed=1)
-    ctrl = Controller(SpecConfig(draft_max=4), _costs())
+    ctrl = Controller(SpecConfig(draft_max=4), _costs(), chances_below=float("inf"))  # every cycle asks
     spec = _Recorder(FakeModel(64, seed=1, sharp=1.5), sp, ctrl)
     run(target, [1, 2], sp, np.random.default_rng(5), 40, spec)
     drafted = [o for o in spec.outcomes if o.n_drafted]
@@ -130,6 +128,7 @@ def test_the_loop_hands_the_chances_of_a_draft_trees_chain_to_its_speculator():
     trees = 0
     for seed in range(20):
         spec = fake_speculator(FakeModel(64, seed=7, sharp=1.0), sp)
+        spec.controller.chances_below = float("inf")
         orig = spec.controller.observe
 
         def record(*a, _orig=orig, **kw):
@@ -163,3 +162,26 @@ def test_a_deterministic_drafts_chance_is_the_targets_p_of_it():
                 checked += 1
         ctx += list(o.tokens)
     assert checked > 10
+
+
+def test_a_draft_asks_for_its_chances_while_its_evidence_is_thin():
+    """Controller.wants_chances: while position 1 holds fewer than chances_below decayed observations (a fresh engine,
+    a long plain stretch that aged them), not once it holds more."""
+    sp = SamplingParams(temperature=1.0)
+    ctrl = Controller(SpecConfig(draft_max=4), _costs(), chances_below=6.0)
+    spec = _Recorder(FakeModel(64, seed=1, sharp=1.5), sp, ctrl)
+    asked = []
+    orig = spec._draft
+
+    def draft(*a, **kw):
+        p = orig(*a, **kw)
+        asked.append((p.sampled_chances, float(ctrl.estimator.accepted[0] + ctrl.estimator.rejected[0])))
+        return p
+
+    spec._draft = draft  # type: ignore[method-assign]
+    run(FakeModel(64, seed=1), [1, 2], sp, np.random.default_rng(5), 50, spec)
+    assert asked and asked[0][0]  # fresh: asks
+    assert all(want == (seen < 6.0) for want, seen in asked)
+    assert not asked[-1][0]  # evidence piled up: draws from then on
+    drafted = [o for o in spec.outcomes if o.n_drafted]
+    assert any(o.chances for o in drafted) and any(not o.chances for o in drafted)

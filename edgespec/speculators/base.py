@@ -35,6 +35,7 @@ class Proposal:
     q: list[np.ndarray | None] = field(default_factory=list)
     source: str = "plain"
     tree: TokenTree | None = None
+    sampled_chances: bool = False  # have the verify work out sum min(p, q) for sampled drafts (speculate.verify)
 
     def __len__(self) -> int:
         return len(self.tree) if self.tree is not None else len(self.tokens)

@@ -154,7 +154,7 @@ class ModelSpeculator:
         return self.foreign
 
     def _draft(self, context: Sequence[int], k: int, rng: np.random.Generator | PositionalUniforms, behind: int) -> Proposal:
-        prop = Proposal(source=self.name)
+        prop = Proposal(source=self.name, sampled_chances=self.controller.wants_chances)
         # what the sync will decode (behind = _behind(context)): 1-2 tokens in a steady run of drafts, every skipped
         # token after plain or lookup cycles (a batched catch-up, whose cost is not a per-token draft cost: the
         # controller keeps them apart)
@@ -202,7 +202,7 @@ class ModelSpeculator:
             pol.added += n_siblings
             tree = _chain_with_siblings(prop.tokens, prop.q, siblings)
             self._tree = (tree, len(prop.tokens), [len(a) for a in siblings])
-            return Proposal(source=self.name, tree=tree)
+            return Proposal(source=self.name, tree=tree, sampled_chances=prop.sampled_chances)
         return prop
 
     def _pick(
