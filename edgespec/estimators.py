@@ -13,6 +13,18 @@ from typing import Sequence
 import numpy as np
 
 
+def _examined(n_drafted: int, n_accepted: int, chances: Sequence[float]) -> np.ndarray:
+    """What a cycle teaches about each draft position it examined (min(n_accepted + 1, n_drafted) of them): the weight
+    of an acceptance there, its chance (clipped to [0, 1]) where one was given for every examined position, else the
+    draw (1 for an accepted position, 0 for the first rejected one)."""
+    if not (0 <= n_accepted <= n_drafted):
+        raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+    n = min(n_accepted + 1, n_drafted)
+    if chances and len(chances) == n:
+        return np.clip(np.asarray(chances, dtype=np.float64), 0.0, 1.0)
+    return (np.arange(n) < n_accepted).astype(np.float64)
+
+
 class AcceptanceEstimator:
     """Online estimate of a_j, the chance that draft position j (1..k_max) is accepted given 1..j-1 were.
 
@@ -56,18 +68,10 @@ class AcceptanceEstimator:
         """Fold in one cycle (ageing the counts by the n_accepted + 1 tokens it emitted). chances: the acceptance
         probability of each examined position (min(n_accepted + 1, n_drafted) of them; anything else is ignored and
         the draws count)."""
-        if not (0 <= n_accepted <= n_drafted):
-            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        c = _examined(n_drafted, n_accepted, chances)[: self.k_max]
         self.age(n_accepted + 1)
-        if chances and len(chances) == min(n_accepted + 1, n_drafted):
-            c = np.clip(np.asarray(chances[: self.k_max], dtype=np.float64), 0.0, 1.0)
-            self.accepted[: c.size] += c
-            self.rejected[: c.size] += 1.0 - c
-            return
-        n_drafted, n_accepted = min(n_drafted, self.k_max), min(n_accepted, self.k_max)
-        self.accepted[:n_accepted] += 1.0
-        if n_accepted < n_drafted:
-            self.rejected[n_accepted] += 1.0
+        self.accepted[: c.size] += c
+        self.rejected[: c.size] += 1.0 - c
 
     def pooled(self) -> float:
         """Acceptance rate over all positions, shrunk towards prior_mean."""
@@ -99,9 +103,9 @@ class MatchLengthEstimator:
 
     Model: an accepted token extends the agreement by one, so a proposal made at run m has per-position
     acceptance a_j = α(m + j - 1). Every drafted position is then one observation of α at its own run, deep
-    positions teach the long-run buckets (from the acceptance probability p(d) of each examined position where a sampled
-    verify knew it, as AcceptanceEstimator does, else from the draw), and a plain step whose emitted token can be compared with what the
-    lookup would have proposed is one free "shadow" observation (unbiased at any temperature: with a one-hot
+    positions teach the long-run buckets (from the acceptance probability p(d) of each examined position where the
+    verify gave it, at temperature > 0, as AcceptanceEstimator does, else from the draw), and a plain step whose
+    emitted token can be compared with what the lookup would have proposed is one free "shadow" observation (unbiased at any temperature: with a one-hot
     proposal d the acceptance probability is p(d), the chance that the target's own token is d).
 
     Runs are pooled in buckets (BUCKET_EDGES[b] <= m < BUCKET_EDGES[b + 1]). Each keeps decayed counts of
@@ -133,35 +137,22 @@ class MatchLengthEstimator:
         self.rejected *= factor
         self._alphas = None
 
-    def observe(self, run: int, accepted: bool | float) -> None:
-        """One drafted (or shadow) position at run `run`: accepted or not, or the probability it had of being
-        accepted."""
+    def observe(self, run: int, accepted: float) -> None:
+        """One drafted (or shadow) position at run `run`: accepted or not (True / False), or the probability it had of
+        being accepted."""
         b = self.bucket(run)
-        if isinstance(accepted, bool):
-            if accepted:
-                self.accepted[b] += 1.0
-            else:
-                self.rejected[b] += 1.0
-        else:
-            c = min(max(float(accepted), 0.0), 1.0)
-            self.accepted[b] += c
-            self.rejected[b] += 1.0 - c
+        c = min(max(float(accepted), 0.0), 1.0)
+        self.accepted[b] += c
+        self.rejected[b] += 1.0 - c
         self._alphas = None
 
     def observe_cycle(self, run: int, n_drafted: int, n_accepted: int, chances: Sequence[float] = ()) -> None:
         """A cycle that drafted n_drafted tokens at run `run` and had the first n_accepted accepted; chances as in
         AcceptanceEstimator.update."""
-        if not (0 <= n_accepted <= n_drafted):
-            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted}, {n_drafted}")
+        c = _examined(n_drafted, n_accepted, chances)
         self.age(n_accepted + 1)
-        if chances and len(chances) == min(n_accepted + 1, n_drafted):
-            for i, c in enumerate(chances):
-                self.observe(run + i, float(c))
-            return
-        for i in range(n_accepted):
-            self.observe(run + i, True)
-        if n_accepted < n_drafted:
-            self.observe(run + n_accepted, False)
+        for i, ci in enumerate(c):
+            self.observe(run + i, float(ci))
 
     def alphas(self) -> np.ndarray:
         """α per bucket (shrunk, then fitted non-decreasing)."""

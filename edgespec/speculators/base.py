@@ -46,8 +46,8 @@ class Outcome:
     """What happened to a cycle's proposal: n_drafted tokens verified (0 = a plain step; for a tree, its nodes),
     n_accepted kept, n_emitted tokens added to the text (accepted + the target's own token, fewer when an end token cut the
     cycle short), and the seconds spent drafting and in the target's decode. `chances`: the probability each drafted
-    position the rule examined had of being accepted (acceptance.Verdict.chances; a tree's first-child chain), for the
-    sampled verifies that compute it, else empty: an estimator learns from these expectations where it can, and from
+    position the rule examined had of being accepted (acceptance.Verdict.chances; a tree's first-child chain), where the
+    verify gave it (speculate.verify says when), else empty: an estimator learns from these expectations where it can, and from
     the accepted/rejected draws otherwise."""
 
     n_drafted: int
