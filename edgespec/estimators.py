@@ -73,6 +73,11 @@ class AcceptanceEstimator:
         self.accepted[: c.size] += c
         self.rejected[: c.size] += 1.0 - c
 
+    def evidence(self, position: int = 1) -> float:
+        """How many (decayed) observations position `position` (1-based) holds."""
+        i = position - 1
+        return float(self.accepted[i] + self.rejected[i])
+
     def pooled(self) -> float:
         """Acceptance rate over all positions, shrunk towards prior_mean."""
         w = self.prior_strength

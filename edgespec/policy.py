@@ -166,7 +166,7 @@ class Controller:
         """Should this cycle's sampled drafts have their acceptance chances worked out (Proposal.sampled_chances)? While
         position 1 holds less than `chances_below` decayed observations: there a few draws swing the estimates (a fresh
         engine, a long plain stretch) and one pass over the vocabulary per position buys a noiseless observation."""
-        return float(self.estimator.accepted[0] + self.estimator.rejected[0]) < self.chances_below
+        return self.estimator.evidence(1) < self.chances_below
 
     def _probe_affordable(self, behind: int | None) -> bool:
         if behind is None or self.probe_budget <= 0:

@@ -175,7 +175,7 @@ def test_a_draft_asks_for_its_chances_while_its_evidence_is_thin():
 
     def draft(*a, **kw):
         p = orig(*a, **kw)
-        asked.append((p.sampled_chances, float(ctrl.estimator.accepted[0] + ctrl.estimator.rejected[0])))
+        asked.append((p.sampled_chances, ctrl.estimator.evidence(1)))
         return p
 
     spec._draft = draft  # type: ignore[method-assign]

@@ -238,6 +238,15 @@ def test_estimator_decay_and_prior():
     assert est.rates() == pytest.approx([0.5, 0.5, 0.5], abs=1e-3)
 
 
+def test_estimator_evidence_counts_decayed_observations_per_position():
+    est = AcceptanceEstimator(3, decay=0.5)
+    assert est.evidence(1) == est.evidence(3) == 0.0
+    est.update(3, 1)  # positions 1 and 2 examined (1 accepted, 2 rejected), 3 not
+    assert (est.evidence(1), est.evidence(2), est.evidence(3)) == (1.0, 1.0, 0.0)
+    est.update(1, 1, chances=[0.25])  # ages by 2 tokens (x 0.25), then one chance at position 1
+    assert est.evidence(1) == pytest.approx(1.25) and est.evidence(2) == pytest.approx(0.25)
+
+
 def test_estimator_recovers_per_position_rates():
     rng = np.random.default_rng(7)
     true = np.array([0.9, 0.8, 0.6, 0.95])
