@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
+
+# A run started in the background by a shell without job control (`make test &` in a script) inherits Ctrl-C ignored,
+# and so would every process the tests start: the Ctrl-C tests want a terminal's default handling.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
