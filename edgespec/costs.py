@@ -36,6 +36,10 @@ SHIFT_RUN = 3
 # GATE_MIN_GAIN if every position were accepted with probability GATE_OPTIMISTIC_A.
 GATE_OPTIMISTIC_A = 0.9
 GATE_MIN_GAIN = 0.10
+# Hysteresis: a gate that is open (the draft model is running) stays open while the drafter could still gain
+# GATE_HOLD x GATE_MIN_GAIN. A shut gate learns no more draft costs, so a learnt cost that drifted a little across
+# the threshold would otherwise shut a paying drafter out for good.
+GATE_HOLD = 0.5
 
 
 def expected_tokens(a: Rates, k: int) -> float:
@@ -275,13 +279,17 @@ def speculation_ceiling(cost: CostModel, k_max: int, k_min: int = 1, optimistic_
 
 
 def draft_model_pays(
-    cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float = GATE_OPTIMISTIC_A, min_gain: float = GATE_MIN_GAIN
+    cost: CostModel, k_max: int, k_min: int = 1, *, optimistic_a: float = GATE_OPTIMISTIC_A, min_gain: float = GATE_MIN_GAIN,
+    held: bool = False,
 ) -> bool:
     """The hardware gate: can a costly drafter (a draft model) beat plain decoding by min_gain here, even if every
     position were accepted with probability optimistic_a? A 0.5B draft for a 1.5B target on a 2-core CPU, where a
     4-token verify costs ~2x one token, cannot; probing it would only cost time (the draft must also catch up on
-    every token it skipped), so the engine does not run it. Free drafters (lookups) are never gated."""
-    return speculation_ceiling(cost, k_max, k_min, optimistic_a) >= 1.0 + min_gain
+    every token it skipped), so the engine does not run it. Free drafters (lookups) are never gated.
+
+    held: the gate is open already (the draft model has been running on these costs): it stays open down to
+    GATE_HOLD x min_gain (hysteresis; see GATE_HOLD)."""
+    return speculation_ceiling(cost, k_max, k_min, optimistic_a) >= 1.0 + min_gain * (GATE_HOLD if held else 1.0)
 
 
 __all__ = [
@@ -296,4 +304,5 @@ __all__ = [
     "best_rate",
     "speculation_ceiling",
     "draft_model_pays",
+    "GATE_HOLD",
 ]

@@ -43,7 +43,7 @@ from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, make_speculator, model_draft_used, tree_paths_for
+from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, make_speculator, model_draft_used, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -199,6 +199,7 @@ class Engine:
         self.calibration = calibration
         self.curve = _curve(calibration)
         self.draft_cost = calibration.draft
+        self.draft_gate_open = False  # the draft model's hardware gate at the end of the last generation (its hysteresis)
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
@@ -367,7 +368,8 @@ class Engine:
         "model+ngram" then runs the lookup alone."""
         if self.draft is None:
             return False
-        return model_draft_used(drafter or self.drafter_kind, self.spec, CostModel(self.curve, c_draft=self.draft_cost))
+        cost = CostModel(self.curve, c_draft=self.draft_cost)
+        return model_draft_used(drafter or self.drafter_kind, self.spec, cost, self.draft_gate_open)
 
     def stream(
         self,
@@ -550,7 +552,7 @@ class Engine:
         cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
         speculator = make_speculator(
             kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator,
-            tree_paths=self.target.tree_paths,
+            tree_paths=self.target.tree_paths, gate_open=self.draft_gate_open,
         )
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
@@ -576,6 +578,8 @@ class Engine:
             if speculator is not None:
                 stats.controller = speculator.stats()
             self.draft_cost = cost.c_draft
+            if kind in MODEL_KINDS and spec.adaptive:  # a generation that does not ask the gate leaves it as it was
+                self.draft_gate_open = draft_gate_open(speculator)
             stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:

@@ -47,14 +47,16 @@ class Controller:
     drafts spec.draft_max and never stops early.
 
     The hardware gate (costs.draft_model_pays) is asked on every next_k, from the live cost model: a drafter that
-    cannot pay on this machine drafts nothing (no probes either), and one that the curve later shows can pay is
-    used from then on. Within it every cycle is one decision by expected tokens per second on the curve with the
-    live estimates: plain, or draft k (and, token by token, on past k while the draft's confidence pays, up to
-    draft_max: `limit`). The per-token draft cost is learnt only from steady cycles: a batched catch-up after plain
-    or lookup cycles (observe's n_catchup) is not a per-token cost, and a due probe waits while its catch-up would
-    cost more than `probe_budget` of the plain time since the last probe (next_k's `behind`). When the cost model
-    is frozen (seeded runs) run times are judged on the model's cycle times, never on the clock, so the same seed
-    makes the same decisions.
+    cannot pay on this machine drafts nothing (no probes either), and one that the curve later shows can pay is used
+    from then on. An open gate stays open down to half its margin (costs.GATE_HOLD; `gate_open`: it was open at the
+    end of the engine's last generation), so that a learnt draft cost drifting across the threshold does not shut
+    out, for good, a drafter that pays (a shut gate learns no more draft costs). Within it every cycle is one
+    decision by expected tokens per second on the curve with the live estimates: plain, or draft k (and, token by
+    token, on past k while the draft's confidence pays, up to draft_max: `limit`). The per-token draft cost is
+    learnt only from steady cycles: a batched catch-up after plain or lookup cycles (observe's n_catchup) is not a
+    per-token cost, and a due probe waits while its catch-up would cost more than `probe_budget` of the plain time
+    since the last probe (next_k's `behind`). When the cost model is frozen (seeded runs) run times are judged on
+    the model's cycle times, never on the clock, so the same seed makes the same decisions.
     """
 
     STEADY_CATCHUP = 2  # tokens a drafter catches up on per cycle in a run of drafts (see observe)
@@ -75,6 +77,7 @@ class Controller:
         probe_budget: float = 0.1,
         siblings: "SiblingPolicy | None" = None,
         chances_below: float = CHANCES_BELOW,
+        gate_open: bool = False,
     ) -> None:
         if probe_interval < 1 or max_probe_interval < probe_interval:
             raise ValueError("need 1 <= probe_interval <= max_probe_interval")
@@ -98,6 +101,7 @@ class Controller:
         self.chances_below = chances_below
         self._rho: float | None = None  # the long-run rate of this cycle's plan (keep_drafting / siblings), cached
         self._gate: tuple[tuple[int, float], bool] | None = None
+        self._gate_held = gate_open  # the gate was open when last asked (hysteresis, see disabled)
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
         self._interval = probe_interval
@@ -349,16 +353,17 @@ class Controller:
 
     @property
     def disabled(self) -> bool:
-        """The hardware gate on the current costs (cached per curve version and draft cost); never with a fixed
-        draft length, which is always obeyed."""
+        """The hardware gate on the current costs (cached per curve version and draft cost, with hysteresis: see the
+        class docstring); never with a fixed draft length, which is always obeyed."""
         if not self.spec.adaptive:
             return False
         key = (self.cost.curve.version, self.cost.c_draft)
         if self._gate is None or self._gate[0] != key:
             pays = draft_model_pays(
-                self.cost, self.spec.draft_max, self.spec.draft_min, optimistic_a=self.optimistic_a, min_gain=self.min_gain
+                self.cost, self.spec.draft_max, self.spec.draft_min, optimistic_a=self.optimistic_a, min_gain=self.min_gain,
+                held=self._gate_held,
             )
-            self._gate = (key, not pays)
+            self._gate, self._gate_held = (key, not pays), pays
         return self._gate[1]
 
     def _probe_failed(self) -> None:

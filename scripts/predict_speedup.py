@@ -596,6 +596,7 @@ class EngineState:
 
         self.curve = VerifyCurve(cost.verify)
         self.draft_cost = cost.draft
+        self.draft_gate_open = False  # the draft model's hardware gate after the last prompt (Engine.draft_gate_open)
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
         self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
         self.memory = SuffixIndex()  # the suffix drafters' memory: every prompt and output replayed so far (fresh at the start)
@@ -612,7 +613,7 @@ def run_one(
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
-    from edgespec.speculators import make_speculator, model_draft_used
+    from edgespec.speculators import MODEL_KINDS, draft_gate_open, make_speculator, model_draft_used
     from edgespec.stats import GenerationStats
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
@@ -634,8 +635,9 @@ def run_one(
     cm = CostModel(state.curve, c_draft=state.draft_cost)
     if kind is not None:
         speculator = make_speculator(kind, spec, sampling, cm, draft, memory=state.memory, run_estimator=state.run_estimator,
-                                     draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta))
-        if model_draft_used(kind, spec, cm) and len(prompt) > 1:
+                                     draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta),
+                                     gate_open=state.draft_gate_open)
+        if model_draft_used(kind, spec, cm, state.draft_gate_open) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
     max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" and sampled is None else len(trace)
@@ -647,6 +649,8 @@ def run_one(
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
         state.draft_cost = cm.c_draft
+        if kind in MODEL_KINDS and spec.adaptive:
+            state.draft_gate_open = draft_gate_open(speculator)
     return stats, target.prefill_rows
 
 

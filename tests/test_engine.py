@@ -15,7 +15,9 @@ from edgespec.calibration import Calibration
 from edgespec.chat import ChatSession
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
+from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN
 from edgespec.tiny import SPECIAL_TOKENS, token_id, write_tiny_model
+from test_policy_decision import DESKTOP, draft_cost_at
 
 GREEDY = SamplingParams(temperature=0)
 FLAT = Calibration({1: 1e-3, 16: 1.05e-3}, 2e-4, "fixed")  # a GPU-like curve: drafting pays, decisions are stable
@@ -518,6 +520,27 @@ def test_a_request_may_pick_another_drafter(eng, reference, tiny):
             plain_only.stream("abc", drafter="model")
     finally:
         plain_only.close()
+
+
+def test_the_draft_models_gate_holds_open_from_one_generation_to_the_next(tiny, reference):
+    """Fixed costs on which the hardware gate would not open afresh but, once open, holds (its hysteresis band): a
+    fresh engine runs "model" as plain decoding; an engine whose last generation ran the draft model with the gate open
+    runs it again, with the same output, and says so (draft_gate_open); new costs start the gate afresh."""
+    spec = SpecConfig(draft_max=8)
+    band = draft_cost_at(1.0 + (1.0 + GATE_HOLD) / 2 * GATE_MIN_GAIN, spec)
+    costs = Calibration({n: 1e-3 * r for n, r in DESKTOP.items()}, 1e-3 * band, "fixed")
+    with make_engine(tiny, drafter="model", spec=spec) as e:
+        e.set_calibration(costs)
+        assert not e.model_draft_used() and not e.draft_gate_open
+        r = e.generate(PROMPTS[0], sampling=GREEDY, max_tokens=24)
+        assert r.token_ids == reference[PROMPTS[0]] and not r.stats.controller and not e.draft_gate_open
+        e.draft_gate_open = True  # as after a generation in which the gate was open
+        assert e.model_draft_used()
+        r = e.generate(PROMPTS[0], sampling=GREEDY, max_tokens=24)
+        assert r.token_ids == reference[PROMPTS[0]]
+        assert r.stats.controller and not r.stats.controller["disabled"] and e.draft_gate_open  # the model speculator ran, gate open
+        e.set_calibration(costs)
+        assert not e.draft_gate_open and not e.model_draft_used()
 
 
 def test_close_from_another_thread_while_iterating(eng, reference):

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import CostModel, best_rate, draft_model_pays
+from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN, CostModel, best_rate, draft_model_pays, speculation_ceiling
 from edgespec.estimators import AcceptanceEstimator
 from edgespec.ngram import NgramIndex
 from edgespec.policy import Controller, NgramPolicy, TreePolicy
 from edgespec.prompt_cache import common_prefix
-from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, make_speculator
+from edgespec.speculators import (
+    HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, draft_gate_open, make_speculator,
+)
 from edgespec.suffix_index import SuffixIndex
 from edgespec.speculators.model import top_probability
 
@@ -88,6 +90,65 @@ def test_the_draft_model_stays_off_where_drafts_cannot_pay(draft):
     assert all(ctrl.next_k() == 0 for _ in range(600))
     lookup = make_speculator("model+ngram", spec, SamplingParams(temperature=0), truth, _Draft([1] * 64))
     assert isinstance(lookup, LookupSpeculator)
+
+
+# An x86-desktop-like curve (scripts/data/curves/x86_16core_cpu.json): at a draft cost near 0.6 of a target token
+# the gate's ceiling sits near its threshold.
+DESKTOP = {1: 1.0, 2: 1.12, 4: 1.35, 8: 1.95, 16: 3.3}
+
+
+def draft_cost_at(ceiling: float, spec: SpecConfig) -> float:
+    """The draft cost (relative to a target token, on DESKTOP) at which the gate's ceiling is `ceiling` (it falls as
+    the draft gets dearer): bisection."""
+    lo, hi = 0.0, 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if speculation_ceiling(costs(DESKTOP, mid), spec.draft_max, spec.draft_min) > ceiling:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def test_an_open_gate_holds_while_the_learnt_draft_cost_drifts_across_its_threshold():
+    """Hysteresis: opening takes a ceiling of 1 + GATE_MIN_GAIN, staying open 1 + GATE_HOLD x GATE_MIN_GAIN. A learnt
+    draft cost a little dearer than the calibrated one (a catch-up token in every cycle) shut the gate on the x86 and
+    RTX 3090 shapes at draft cost 0.6, and a shut gate learns no more draft costs: the draft model stayed off for the
+    engine's lifetime (predict_speedup: 1.00x where its oracle is 1.27x)."""
+    spec = SpecConfig(draft_max=8)
+    band = 1.0 + (1.0 + GATE_HOLD) / 2 * GATE_MIN_GAIN  # between the two thresholds
+    c_open, c_band, c_low = (draft_cost_at(x, spec) for x in (1.0 + 1.2 * GATE_MIN_GAIN, band, 1.0 + 0.8 * GATE_HOLD * GATE_MIN_GAIN))
+    cost = costs(DESKTOP, c_open)
+    ctl = Controller(spec, cost)
+    assert not ctl.disabled
+    cost.c_draft = 0.01 * c_band
+    assert not ctl.disabled  # was open: holds
+    assert Controller(spec, costs(DESKTOP, c_band)).disabled  # a fresh gate does not open there
+    assert not Controller(spec, costs(DESKTOP, c_band), gate_open=True).disabled  # unless it was open before
+    assert draft_model_pays(costs(DESKTOP, c_band), 8, held=True) and not draft_model_pays(costs(DESKTOP, c_band), 8)
+    cost.c_draft = 0.01 * c_low
+    assert ctl.disabled  # below the lower threshold it shuts
+    cost.c_draft = 0.01 * c_band
+    assert ctl.disabled  # and takes the full margin to open again
+    cost.c_draft = 0.01 * c_open
+    assert not ctl.disabled
+
+
+def test_the_gate_held_open_carries_to_the_next_generations_speculator():
+    """make_speculator(gate_open=True) runs the draft model where a fresh gate would not; draft_gate_open reads the
+    gate of a speculator back (what Engine hands the next generation)."""
+    spec = SpecConfig(draft_max=8)
+    band = costs(DESKTOP, draft_cost_at(1.0 + (1.0 + GATE_HOLD) / 2 * GATE_MIN_GAIN, spec))
+    greedy = SamplingParams(temperature=0)
+    fresh = make_speculator("model+ngram", spec, greedy, band, _Draft([1] * 64))
+    assert isinstance(fresh, LookupSpeculator) and not draft_gate_open(fresh)
+    held = make_speculator("model+ngram", spec, greedy, band, _Draft([1] * 64), gate_open=True)
+    assert isinstance(held, HybridSpeculator) and draft_gate_open(held)
+    alone = make_speculator("model", spec, greedy, band, _Draft([1] * 64), gate_open=True)
+    assert isinstance(alone, ModelSpeculator) and draft_gate_open(alone)
+    alone.controller.cost.c_draft *= 2.0  # the draft turned out dearer: the gate shuts
+    assert not draft_gate_open(alone)
+    assert not draft_gate_open(None)
 
 
 def test_a_catch_up_does_not_inflate_the_per_token_draft_cost():

@@ -27,12 +27,21 @@ TREE_KINDS = ("suffix", "model+suffix")  # need a memory and a target loaded wit
 MODEL_KINDS = ("model", "model+ngram", "model+suffix")  # need a draft model
 
 
-def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel) -> bool:
+def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel, gate_open: bool = False) -> bool:
     """Whether a speculator of this kind would run the draft model at all on these costs: never for "ngram" and
-    "none"; for the others only where the hardware gate says a draft model can pay (or the draft length is fixed)."""
+    "none"; for the others only where the hardware gate says a draft model can pay (or the draft length is fixed).
+    gate_open: the gate was open at the end of the last generation (draft_gate_open), which it holds on to
+    (costs.draft_model_pays, held)."""
     if kind not in MODEL_KINDS or spec.draft_max == 0:
         return False
-    return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min)
+    return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min, held=gate_open)
+
+
+def draft_gate_open(speculator: Speculator | None) -> bool:
+    """Whether `speculator` runs an adaptive draft model whose hardware gate is open now: what an engine hands the
+    next generation's make_speculator (gate_open), so that the gate's hysteresis spans generations."""
+    model = speculator.model if isinstance(speculator, HybridSpeculator) else speculator
+    return isinstance(model, ModelSpeculator) and model.controller.spec.adaptive and not model.controller.disabled
 
 
 def tree_paths_for(kind: str, spec: SpecConfig, draft: bool, batch: int | None = None) -> int:
@@ -57,6 +66,7 @@ def make_speculator(
     run_estimator: MatchLengthEstimator | None = None,
     draft_estimator: AcceptanceEstimator | None = None,
     tree_paths: int = 0,
+    gate_open: bool = False,
 ) -> Speculator | None:
     """The speculator for `kind` (None = plain decoding). `cost` carries the target's verify curve and the draft
     model's per-token cost; lookups plan on a zero-draft-cost view of the same curve. Where the draft model cannot
@@ -65,7 +75,8 @@ def make_speculator(
     a new generation need not learn it again); draft_estimator: the same for the draft model's acceptance by position
     (covering at least spec.draft_max positions, else a fresh one is used). tree_paths: the tree sequences the target
     was loaded with; a draft model's chain carries up to min(spec.draft_siblings, tree_paths - 1) siblings a cycle
-    (draft-model trees, SiblingPolicy), none with fewer than 2."""
+    (draft-model trees, SiblingPolicy), none with fewer than 2. gate_open: the draft model's hardware gate was open
+    at the end of the last generation (draft_gate_open; see model_draft_used)."""
     if kind not in KINDS:
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "none" or spec.draft_max == 0:
@@ -77,7 +88,7 @@ def make_speculator(
         if memory is None:
             raise ValueError(f"speculator {kind!r} needs a suffix index (memory)")
         lookup = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width, estimator=run_estimator))
-    if not model_draft_used(kind, spec, cost):
+    if not model_draft_used(kind, spec, cost, gate_open):
         return lookup
     if draft_model is None:
         raise ValueError(f"speculator {kind!r} needs a draft model")
@@ -85,7 +96,7 @@ def make_speculator(
         draft_estimator = None  # learnt for shorter drafts than this generation's: start afresh
     n_siblings = min(spec.draft_siblings, tree_paths - 1) if spec.adaptive else 0
     siblings = SiblingPolicy(n_siblings, spec.tree_width) if n_siblings > 0 and spec.tree_width > 1 else None
-    controller = Controller(spec, cost, estimator=draft_estimator, siblings=siblings)
+    controller = Controller(spec, cost, estimator=draft_estimator, siblings=siblings, gate_open=gate_open)
     model = ModelSpeculator(draft_model, sampling, controller, spec.draft_temperature)
     return model if lookup is None else HybridSpeculator(model, lookup)
 
@@ -103,5 +114,6 @@ __all__ = [
     "SuffixSpeculator",
     "make_speculator",
     "model_draft_used",
+    "draft_gate_open",
     "tree_paths_for",
 ]
