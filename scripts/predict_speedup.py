@@ -585,8 +585,9 @@ def expected_oracle_seconds(
 
 # --------------------------------------------------------------------------------------------- replay
 class EngineState:
-    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost, the lookups'
-    acceptance by match run, the draft's by position, and the suffix drafters' memory."""
+    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and whether its
+    hardware gate is open, the lookups' acceptance by match run, the draft's by position, and the suffix drafters'
+    memory."""
 
     def __init__(self, cost: Curve) -> None:
         from edgespec.costs import VerifyCurve
