@@ -27,6 +27,10 @@ from .costs import GATE_MIN_GAIN, GATE_OPTIMISTIC_A, CostModel, argmax_rate, bes
 
 
 CHANCES_BELOW = 8.0  # Controller.wants_chances: decayed observations at position 1 below which a draft asks for chances
+# Controller._probe_affordable: after max_probe_interval plain tokens a due probe may cost this many times probe_budget.
+# A catch-up grows with the tokens behind, so where its cost per token (the draft's cost times the curve's slope)
+# reaches probe_budget a probe would otherwise never be affordable again in that generation.
+LATE_PROBE_BUDGET = 2.0
 
 
 class Controller:
@@ -143,7 +147,9 @@ class Controller:
         behind: how many context tokens the drafter would catch up on before drafting (None = unknown). A probe
         that is due waits while that catch-up (one batched draft decode, see catchup_seconds) plus the probe itself
         would cost more than `probe_budget` of the plain decoding time since the last probe: where a batch is dear
-        (a CPU, or a GPU past a kernel cliff) probes come rarer, where it is almost free nothing changes."""
+        (a CPU, or a GPU past a kernel cliff) probes come rarer, where it is almost free nothing changes. After
+        max_probe_interval plain tokens the budget is LATE_PROBE_BUDGET times larger, so that a catch-up whose cost
+        grows as fast as the budget does not keep the draft off for the rest of a long generation."""
         spec = self.spec
         if spec.draft_max == 0 or self.disabled:
             k = 0
@@ -177,7 +183,8 @@ class Controller:
             return True
         c = self.cost
         probe = self.catchup_seconds(behind) + self.probe_k * c.c_draft + c.verify(self.probe_k + 1) - c.verify(1)
-        return probe <= self.probe_budget * self._plain_run * c.cycle_time(0)
+        budget = self.probe_budget * (LATE_PROBE_BUDGET if self._plain_run >= self.max_interval else 1.0)
+        return probe <= budget * self._plain_run * c.cycle_time(0)
 
     def limit(self, k: int) -> int:
         """The most tokens a cycle planned at k (next_k) may draft. k is what the estimates alone pay for; while

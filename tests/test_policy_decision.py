@@ -15,7 +15,7 @@ from edgespec.config import SamplingParams, SpecConfig
 from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN, CostModel, best_rate, draft_model_pays, speculation_ceiling
 from edgespec.estimators import AcceptanceEstimator
 from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, NgramPolicy, TreePolicy
+from edgespec.policy import LATE_PROBE_BUDGET, Controller, NgramPolicy, TreePolicy
 from edgespec.prompt_cache import common_prefix
 from edgespec.speculators import (
     HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, draft_gate_open, make_speculator,
@@ -354,6 +354,28 @@ def test_a_probe_waits_while_its_catch_up_would_cost_more_than_its_budget():
     flat = Controller(SpecConfig(), costs(FLAT, 0.6))
     assert flat.next_k(behind=1) == flat.probe_k  # a fresh controller probes at once
     assert Controller(SpecConfig(), costs(CLIFF, 0.6)).next_k() == flat.probe_k  # behind unknown: as before
+
+
+def test_a_probe_whose_catch_up_grows_as_fast_as_its_budget_still_comes():
+    """DESKTOP at draft cost 0.6: past 16 tokens a batch costs 0.17 of a token more per token, so catching up costs the
+    draft 0.6 x 0.17 = 0.10 of a token per token behind, as fast as the probe budget (10 % of the plain time) grows.
+    Under that budget alone a controller that went plain would never probe again in its generation, however good the
+    draft had become; after max_probe_interval plain tokens the budget is LATE_PROBE_BUDGET times larger and the probe
+    comes then."""
+    ctrl = Controller(SpecConfig(), costs(DESKTOP, 0.6))
+    assert not ctrl.disabled
+    c = ctrl.cost
+    assert ctrl.next_k(behind=1) == ctrl.probe_k  # the fresh controller's probe
+    ctrl.observe(2, 0, 2 * c.c_draft, c.verify(3), n_catchup=1)  # rejected: plain from here
+    runs = []
+    for _ in range(2000):
+        runs.append(ctrl._plain_run)
+        if ctrl.next_k(behind=runs[-1] + 1):
+            break
+    run = runs[-1]
+    assert run == ctrl.max_interval  # not before: unaffordable under probe_budget; then at once
+    cost = ctrl.catchup_seconds(run + 1) + 2 * c.c_draft + c.verify(3) - c.verify(1)
+    assert ctrl.probe_budget * run * c.cycle_time(0) < cost <= LATE_PROBE_BUDGET * ctrl.probe_budget * run * c.cycle_time(0)
 
 
 def test_expected_rate_counts_the_catch_up():
