@@ -59,8 +59,9 @@ class Controller:
     token, on past k while the draft's confidence pays, up to draft_max: `limit`). The per-token draft cost is
     learnt only from steady cycles: a batched catch-up after plain or lookup cycles (observe's n_catchup) is not a
     per-token cost, and a due probe waits while its catch-up would cost more than `probe_budget` of the plain time
-    since the last probe (next_k's `behind`). When the cost model is frozen (seeded runs) run times are judged on
-    the model's cycle times, never on the clock, so the same seed makes the same decisions.
+    since the last probe (next_k's `behind`; LATE_PROBE_BUDGET times that after max_probe_interval plain tokens).
+    When the cost model is frozen (seeded runs) run times are judged on the model's cycle times, never on the clock,
+    so the same seed makes the same decisions.
     """
 
     STEADY_CATCHUP = 2  # tokens a drafter catches up on per cycle in a run of drafts (see observe)
