@@ -304,5 +304,4 @@ __all__ = [
     "best_rate",
     "speculation_ceiling",
     "draft_model_pays",
-    "GATE_HOLD",
 ]

@@ -105,8 +105,9 @@ class Controller:
         self.sibling_policy = siblings
         self.chances_below = chances_below
         self._rho: float | None = None  # the long-run rate of this cycle's plan (keep_drafting / siblings), cached
-        self._gate: tuple[tuple[int, float], bool] | None = None
-        self._gate_held = gate_open  # the gate was open when last asked (hysteresis, see disabled)
+        # the gate's last answer, (key, shut), for the key (curve version, draft cost) it was asked on; None: not asked
+        # yet, its state is gate_open (hysteresis, see disabled)
+        self._gate: tuple[tuple[int, float] | None, bool] = (None, not gate_open)
         # Start plain with a probe due: the first cycle gathers evidence at a small cost.
         self._plain = True
         self._interval = probe_interval
@@ -366,12 +367,12 @@ class Controller:
         if not self.spec.adaptive:
             return False
         key = (self.cost.curve.version, self.cost.c_draft)
-        if self._gate is None or self._gate[0] != key:
+        if self._gate[0] != key:
             pays = draft_model_pays(
                 self.cost, self.spec.draft_max, self.spec.draft_min, optimistic_a=self.optimistic_a, min_gain=self.min_gain,
-                held=self._gate_held,
+                held=not self._gate[1],
             )
-            self._gate, self._gate_held = (key, not pays), pays
+            self._gate = (key, not pays)
         return self._gate[1]
 
     def _probe_failed(self) -> None:
