@@ -578,8 +578,7 @@ class Engine:
             if speculator is not None:
                 stats.controller = speculator.stats()
             self.draft_cost = cost.c_draft
-            if kind in MODEL_KINDS and spec.adaptive:  # a generation that does not ask the gate leaves it as it was
-                self.draft_gate_open = draft_gate_open(speculator)
+            self.draft_gate_open = draft_gate_open(speculator, kind, spec, self.draft_gate_open)
             stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:

@@ -614,7 +614,7 @@ def run_one(
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
-    from edgespec.speculators import MODEL_KINDS, draft_gate_open, make_speculator, model_draft_used
+    from edgespec.speculators import draft_gate_open, make_speculator, model_draft_used
     from edgespec.stats import GenerationStats
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
@@ -650,8 +650,7 @@ def run_one(
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
         state.draft_cost = cm.c_draft
-        if kind in MODEL_KINDS and spec.adaptive:
-            state.draft_gate_open = draft_gate_open(speculator)
+        state.draft_gate_open = draft_gate_open(speculator, kind, spec, state.draft_gate_open)
     return stats, target.prefill_rows
 
 

@@ -141,14 +141,16 @@ def test_the_gate_held_open_carries_to_the_next_generations_speculator():
     band = costs(DESKTOP, draft_cost_at(1.0 + (1.0 + GATE_HOLD) / 2 * GATE_MIN_GAIN, spec))
     greedy = SamplingParams(temperature=0)
     fresh = make_speculator("model+ngram", spec, greedy, band, _Draft([1] * 64))
-    assert isinstance(fresh, LookupSpeculator) and not draft_gate_open(fresh)
+    assert isinstance(fresh, LookupSpeculator) and not draft_gate_open(fresh, "model+ngram", spec, False)
     held = make_speculator("model+ngram", spec, greedy, band, _Draft([1] * 64), gate_open=True)
-    assert isinstance(held, HybridSpeculator) and draft_gate_open(held)
+    assert isinstance(held, HybridSpeculator) and draft_gate_open(held, "model+ngram", spec, False)
     alone = make_speculator("model", spec, greedy, band, _Draft([1] * 64), gate_open=True)
-    assert isinstance(alone, ModelSpeculator) and draft_gate_open(alone)
+    assert isinstance(alone, ModelSpeculator) and draft_gate_open(alone, "model", spec, True)
     alone.controller.cost.c_draft *= 2.0  # the draft turned out dearer: the gate shuts
-    assert not draft_gate_open(alone)
-    assert not draft_gate_open(None)
+    assert not draft_gate_open(alone, "model", spec, True)
+    assert not draft_gate_open(None, "model", spec, True)
+    assert draft_gate_open(None, "ngram", spec, True) and not draft_gate_open(None, "none", spec, False)  # not asked: as it was
+    assert draft_gate_open(alone, "model", SpecConfig(draft_max=8, adaptive=False), True)  # a fixed length does not ask it
 
 
 def test_a_catch_up_does_not_inflate_the_per_token_draft_cost():

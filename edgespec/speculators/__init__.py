@@ -37,11 +37,15 @@ def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel, gate_open: bo
     return not spec.adaptive or draft_model_pays(cost, spec.draft_max, spec.draft_min, held=gate_open)
 
 
-def draft_gate_open(speculator: Speculator | None) -> bool:
-    """Whether `speculator` runs an adaptive draft model whose hardware gate is open now: what an engine hands the
-    next generation's make_speculator (gate_open), so that the gate's hysteresis spans generations."""
+def draft_gate_open(speculator: Speculator | None, kind: str, spec: SpecConfig, was_open: bool) -> bool:
+    """The draft model's hardware gate after a generation of `kind` with `speculator` (what an engine hands the next
+    generation's make_speculator as gate_open, so that the gate's hysteresis spans generations): open where the
+    speculator runs a draft model whose gate is open now; as it was (was_open) after a generation that did not ask the
+    gate (a kind without the draft model, a fixed draft length)."""
+    if kind not in MODEL_KINDS or not spec.adaptive:
+        return was_open
     model = speculator.model if isinstance(speculator, HybridSpeculator) else speculator
-    return isinstance(model, ModelSpeculator) and model.controller.spec.adaptive and not model.controller.disabled
+    return isinstance(model, ModelSpeculator) and not model.controller.disabled
 
 
 def tree_paths_for(kind: str, spec: SpecConfig, draft: bool, batch: int | None = None) -> int:
