@@ -408,7 +408,7 @@ class Engine:
         sampling = sampling if sampling is not None else SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise ConfigError("sampling must be a SamplingParams")
-        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        max_tokens = _check_int("max_tokens", max_tokens, 0)  # 0: evaluate the prompt into the cache, generate nothing
         stops = check_stop(stop)
         if not isinstance(speculative, bool):
             raise ConfigError("speculative must be True or False")

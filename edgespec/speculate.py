@@ -265,8 +265,8 @@ def speculate(
         raise ConfigError("speculate needs at least one context token")
     if speculator is not None:
         bind_constraint(speculator, constraint)
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be at least 1, got {max_tokens}")
+    if max_tokens < 0:  # 0: the prompt is evaluated into the cache and nothing is generated
+        raise ConfigError(f"max_tokens must be at least 0, got {max_tokens}")
     stats = stats if stats is not None else GenerationStats()
     ctx = [int(t) for t in tokens]
     if min(ctx) < 0 or max(ctx) >= target.n_vocab:
