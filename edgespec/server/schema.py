@@ -23,6 +23,7 @@ from ..config import MAX_SEED, SamplingParams
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..infill import ExtraChunk
+from .samplers import ChainError, apply_chain, parse_names
 from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_messages
 
 MAX_STOPS = 32
@@ -219,14 +220,18 @@ COMMON_KEYS = frozenset({
     "model", "stream", "stream_options", "max_completion_tokens", "max_tokens", "n_predict", "temperature", "top_p",
     "seed", "repeat_last_n", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "speculative",
     "draft_max", "speculative.n_max", "stop", "show_draft", "logprobs", "top_logprobs",
-    "response_format", "json_schema", "grammar", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "json_schema", "grammar", "tools", "tool_choice", "parallel_tool_calls", "samplers",
 })
 
 
 def ignored_keys(body: Mapping[str, Any], known: frozenset[str] | set[str]) -> tuple[str, ...]:
     """The body's keys outside `known` and the refused features, in a stable order."""
     refused = {k for k, _, _ in _UNSUPPORTED}
-    return tuple(sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused))
+    out = sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused)
+    chain = body.get("samplers")
+    if isinstance(chain, (list, str)) and ("infill" in chain or (isinstance(chain, str) and "i" in chain)):
+        out.append("samplers.infill")  # accepted, not applied (server/samplers.py)
+    return tuple(out)
 
 
 def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
@@ -404,7 +409,6 @@ _UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
     ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
     ("top_n_sigma", lambda v: v in (-1, 0), "top_n_sigma is not supported"),
-    ("samplers", lambda v: False, "a custom sampler chain is not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
 ]
 
@@ -435,6 +439,17 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(s for s in v if s)
 
 
+def _sampler_chain(body: Mapping[str, Any]) -> list[str] | None:
+    """llama-server's `samplers` (a custom sampler chain) as llama.cpp's names, or None when not given."""
+    v = _get(body, "samplers")
+    if v is _MISSING:
+        return None
+    try:
+        return parse_names(v)
+    except ChainError as e:
+        raise unsupported("samplers", str(e)) from None
+
+
 def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt: Any = None, tokens: Any = None) -> CompletionRequest:
     model = _get(body, "model")
     if model is not _MISSING:
@@ -459,10 +474,13 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
     max_tokens = mct if mct is not None else mt if mt is not None else (n_predict if n_predict not in (None, -1, 0) else None)
     if n_predict == 0 and mct is None and mt is None:
         raise bad("n_predict", "n_predict must be -1 or at least 1")
+    chain = _sampler_chain(body)
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0.0:  # only the most likely token survives: greedy
+    if top_p == 0.0 and (chain is None or "top_p" in chain):  # only the most likely token survives: greedy
         temperature, top_p = 0.0, 1.0
+        if chain is not None:  # greedy where top_p was (greedy overrides any temperature)
+            chain = ["temperature" if n == "top_p" else n for n in chain if n != "temperature"]
     seed = _integer(body, "seed", None, -1, MAX_SEED)
     repeat_last_n = _integer(body, "repeat_last_n", 64, -1, MAX_TOKENS_LIMIT)
     try:
@@ -479,6 +497,11 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
         )
     except ConfigError as e:  # the ranges above are narrower; this is a guard
         raise bad(None, str(e)) from None
+    if chain is not None:
+        try:
+            sampling = apply_chain(chain, sampling)[0]
+        except ChainError as e:
+            raise unsupported("samplers", str(e)) from None
     speculative = _boolean(body, "speculative", True)
     draft_max = _integer(body, "draft_max", None, 0, 64)
     n_max = _integer(body, "speculative.n_max", None, 0, 64)  # llama-server's spelling
