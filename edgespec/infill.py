@@ -104,4 +104,24 @@ def fim_layout(
     return out
 
 
-__all__ = ["FimTokens", "ExtraChunk", "fim_layout", "REPO_NAME", "FILE_NAME"]
+def indent_cut(text: str, n_indent: int, start: int = 0) -> int | None:
+    """llama-server's `n_indent` for a completion: where to cut `text`, or None to go on.
+
+    Every line after the first (the first continues the cursor's line) must be indented by at least n_indent
+    spaces or tabs; at the first line that has something after a shorter indentation (a character, or the end of
+    an empty line), the completion stops and is cut after that line's indentation, as llama-server does. start: an
+    index at or before the last newline already looked at (lines that ended before it were decided)."""
+    if n_indent <= 0:
+        return None
+    nl = text.find("\n", start)
+    while nl != -1:
+        pos = nl + 1
+        while pos < len(text) and text[pos] in " \t":
+            pos += 1
+        if pos < len(text) and pos - (nl + 1) < n_indent:
+            return pos
+        nl = text.find("\n", nl + 1)
+    return None
+
+
+__all__ = ["FimTokens", "ExtraChunk", "fim_layout", "indent_cut", "REPO_NAME", "FILE_NAME"]

@@ -6,6 +6,12 @@ tools/server/README.md).
 A request field of llama-server that edgespec cannot honour is a 400 naming it (schema._UNSUPPORTED); the others it
 does not read are listed in the `X-Edgespec-Ignored-Params` header. `cache_prompt` is accepted: the KV cache is
 always reused, which never changes the output.
+
+What the editor plugins send (llama.vim, llama.vscode) is honoured as llama-server does: `samplers` (server/samplers.py),
+`n_predict: 0` (the prompt is evaluated into the cache and an empty completion comes back: the plugins' warm-up
+request), `response_fields` (the answer holds only those fields, a nested one under its flattened path such as
+`timings/prompt_n`), `n_indent` (infill.indent_cut) and `t_max_predict_ms`. `t_max_prompt_ms` is not implemented
+by llama-server either and is reported ignored, like `n_cmpl` (one completion comes back, which the plugin accepts).
 """
 
 from __future__ import annotations
@@ -21,13 +27,13 @@ from starlette.types import Send
 
 from .. import __version__
 from ..errors import ConfigError, EdgespecError, TemplateError
-from ..infill import ExtraChunk
+from ..infill import ExtraChunk, indent_cut
 from . import schema, sse
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
 from .schema import APIError, CompletionRequest, InfillInput, bad
 
 # llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
-COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms"})
+COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
 INFILL_KEYS = COMPLETION_KEYS | {"input_prefix", "input_suffix", "input_extra"}
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}
 
@@ -40,9 +46,54 @@ def _app_fns() -> Any:
 
 # --------------------------------------------------------------------------------------------- parsing
 def _llama_body(body: Mapping[str, Any], known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The body without llama-server's own keys (what schema.parse_completion reads) and the keys ignored."""
+    """The body without llama-server's own keys (what schema.parse_completion reads) and the keys ignored
+    (`n_predict: 0` is taken out too: see _warm_only)."""
     ignored = schema.ignored_keys(body, known)
-    return {k: v for k, v in body.items() if k not in known or k == "prompt"}, ignored
+    drop = known | ({"n_predict"} if _warm_only(body) else set())
+    return {k: v for k, v in body.items() if k not in drop or k == "prompt"}, ignored
+
+
+def _warm_only(body: Mapping[str, Any]) -> bool:
+    """n_predict 0: llama-server evaluates the prompt into the cache and generates nothing."""
+    v = body.get("n_predict")
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0
+
+
+def _with_limit(req: CompletionRequest, body: Mapping[str, Any]) -> CompletionRequest:
+    return replace(req, max_tokens=0) if _warm_only(body) and req.max_tokens is None else req
+
+
+def _response_fields(body: Mapping[str, Any]) -> tuple[str, ...] | None:
+    v = body.get("response_fields")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(f, str) for f in v):
+        raise bad("response_fields", "response_fields must be an array of field names (a nested one as a/b)")
+    return tuple(v) or None  # [] = every field, as llama-server
+
+
+def _n_indent(body: Mapping[str, Any]) -> int:
+    v = body.get("n_indent", 0)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise bad("n_indent", "n_indent must be an integer >= 0 (the least indentation of the lines after the first)")
+    return v
+
+
+def pick_fields(obj: Mapping[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """llama-server's response_fields: for each path ("a" or "a/b/c"), the value found there under that path as a
+    key; a path that leads nowhere is left out."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        for key in path.split("/"):
+            if not isinstance(cur, Mapping) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out
 
 
 def _t_max(body: Mapping[str, Any]) -> float | None:
@@ -57,7 +108,7 @@ def _t_max(body: Mapping[str, Any]) -> float | None:
 def parse_llama_completion(body: Mapping[str, Any]) -> CompletionRequest:
     rest, ignored = _llama_body(body, COMPLETION_KEYS)
     req = schema.parse_completion(rest)
-    return replace(req, ignored=ignored)
+    return replace(_with_limit(req, body), ignored=ignored)
 
 
 def parse_infill(body: Mapping[str, Any]) -> CompletionRequest:
@@ -81,7 +132,7 @@ def parse_infill(body: Mapping[str, Any]) -> CompletionRequest:
             if not isinstance(c, dict) or not isinstance(c.get("text", ""), str) or not isinstance(c.get("filename", "tmp"), str):
                 raise bad(where, f"{where} must be an object with string text and filename")
             chunks.append(ExtraChunk(c.get("text", ""), c.get("filename", "tmp")))
-    req = schema.parse_completion({**rest, "prompt": prompt or ""})
+    req = _with_limit(schema.parse_completion({**rest, "prompt": prompt or ""}), body)
     return replace(req, prompt=None, ignored=ignored,
                    infill=InfillInput(texts["input_prefix"], texts["input_suffix"], tuple(chunks), prompt or ""))
 
@@ -94,13 +145,38 @@ class LlamaCompletionResponse(GenerationResponse):
     t_max: float | None = None
     return_tokens: bool = False
     prompt_text: str = ""
+    fields: tuple[str, ...] | None = None  # response_fields
+    n_indent: int = 0
 
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.id = "cmpl-" + self.id.split("-", 1)[1]
-        self.timed_out = False
+        self.timed_out = False  # stopped here: t_max_predict_ms or n_indent
         self._first: float | None = None
         self._newline = False
+        self._text = ""  # the text so far (n_indent)
+        self._nl = 0  # where indent_cut looks from
+        self.cut: int | None = None  # n_indent: the completion ends here
+
+    def _check(self, text: str) -> str:
+        """After each piece of text: the time and indentation limits; the part of the piece to send."""
+        self._check_time(text)
+        if not self.n_indent or self.cut is not None:
+            return text if self.cut is None else ""
+        before = len(self._text)
+        self._text += text
+        cut = indent_cut(self._text, self.n_indent, self._nl)
+        self._nl = max(self._nl, self._text.rfind("\n"))
+        if cut is None:
+            return text
+        self.cut = cut
+        if not self.gen.done:
+            self.timed_out = True
+            self.gen.cancel()
+        return text[: max(0, cut - before)]
+
+    def _content(self) -> str:
+        return self.gen.text if self.cut is None else self.gen.text[: self.cut]
 
     def _check_time(self, text: str) -> None:
         """t_max_predict_ms: stop once the time since the first token is past it and a newline was generated."""
@@ -115,6 +191,8 @@ class LlamaCompletionResponse(GenerationResponse):
             self.gen.cancel()
 
     def _result(self) -> tuple[APIError | None, str]:
+        if self.cut is not None and self._error() is None:  # n_indent: cut here, however the generation then ended
+            return None, "limit"
         if self.timed_out and self._error() is None and self.gen.finish_reason == "cancelled":
             return None, "limit"
         api, _ = self._outcome()
@@ -124,7 +202,7 @@ class LlamaCompletionResponse(GenerationResponse):
 
     def _final(self, stop_type: str, content: str) -> dict[str, Any]:
         stats = self.gen.stats
-        text = self.gen.text
+        text = self._content()
         out: dict[str, Any] = {
             "index": 0,
             "content": content,
@@ -144,7 +222,7 @@ class LlamaCompletionResponse(GenerationResponse):
             "timings": timings(stats),
             "edgespec": edgespec_stats(stats, self.req, self.drafter),
         }
-        return out
+        return out if self.fields is None else pick_fields(out, self.fields)
 
     def _settings(self) -> dict[str, Any]:
         s = self.req.sampling
@@ -163,14 +241,14 @@ class LlamaCompletionResponse(GenerationResponse):
 
     async def _complete(self, send: Send) -> None:
         async for chunk in self.gen:
-            self._check_time(chunk.text)
+            self._check(chunk.text)
         if self.client_left:
             return
         api, stop_type = self._result()
         if api is not None:
             await _send_json(send, api.status, api.body(), api.headers)
             return
-        await _send_json(send, 200, self._final(stop_type, self.gen.text), self.headers)
+        await _send_json(send, 200, self._final(stop_type, self._content()), self.headers)
 
     async def _stream(self, send: Send) -> None:
         await self._start(send)
@@ -180,10 +258,10 @@ class LlamaCompletionResponse(GenerationResponse):
 
         n_prompt = self.record.n_prompt
         async for chunk in self.gen:
-            self._check_time(chunk.text)
-            if self.client_left or not chunk.text:
+            text = self._check(chunk.text)
+            if self.client_left or not text:
                 continue
-            await body(sse.event({"index": 0, "content": chunk.text, "tokens": chunk.tokens, "stop": False, "id_slot": 0,
+            await body(sse.event({"index": 0, "content": text, "tokens": chunk.tokens, "stop": False, "id_slot": 0,
                                   "tokens_predicted": len(self.gen.token_ids), "tokens_evaluated": n_prompt}))
         if self.client_left:
             return
@@ -202,8 +280,13 @@ async def _llama_generate(request: Request, parse: Any, kind: str) -> Any:
     state = app._state(request)
     state.require_engine()
     body = await app.read_json(request, state.settings.max_body_bytes)
-    hint = {"t_max": _t_max(body), "return_tokens": bool(body.get("return_tokens")),
-            "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else ""}
+    try:
+        hint = {"t_max": _t_max(body), "return_tokens": bool(body.get("return_tokens")),
+                "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else "",
+                "fields": _response_fields(body), "n_indent": _n_indent(body)}
+    except APIError:
+        app._state(request).metrics.rejected["invalid"] += 1
+        raise
     return await app._generate(request, lambda _b: parse(body), kind, _response_for(hint), body=body)
 
 
