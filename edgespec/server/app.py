@@ -274,7 +274,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     return schema.parse_json(b"".join(parts))
 
 
-def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]) -> tuple[Any, int, int]:
+def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]) -> tuple[Any, list[int], int]:
     """In a worker thread (templates and tokenizers take time on long prompts): the prompt's tokens, the context
     check, and the queued generation."""
     eng = state.engine
@@ -310,7 +310,7 @@ def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]
         )
     except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
         raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
-    return gen, len(tokens), max_tokens
+    return gen, tokens, max_tokens
 
 
 async def _generate(
@@ -333,7 +333,7 @@ async def _generate(
         state.metrics.rejected["invalid"] += 1
         raise
     try:
-        gen, n_prompt, max_tokens = await anyio.to_thread.run_sync(_prepare, state, req, spec_kw)
+        gen, prompt_ids, max_tokens = await anyio.to_thread.run_sync(_prepare, state, req, spec_kw)
     except APIError as e:
         state.metrics.rejected["context" if e.code == "context_length_exceeded" else "invalid"] += 1
         raise
@@ -351,8 +351,9 @@ async def _generate(
         raise APIError(400, str(e), param=param) from None
     except EngineClosedError as e:
         raise api_error(e) from None
-    record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=n_prompt, max_tokens=max_tokens)
+    record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=len(prompt_ids), max_tokens=max_tokens)
     out = response(state, req, gen, record)
+    out.prompt_ids = prompt_ids
     record.id = out.id
     return out
 
@@ -431,6 +432,7 @@ def create_app(
         Route("/api/show", ollama.show, methods=["POST"]),
         Route("/api/chat", ollama.chat, methods=["POST"]),
         Route("/api/generate", ollama.generate, methods=["POST"]),
+        Route("/api/ps", ollama.ps, methods=["GET"]),
         Route("/api/version", ollama.version, methods=["GET"]),
         # OpenAI's Responses API (routes_responses.py)
         Route("/v1/responses", responses_api.create, methods=["POST"]),

@@ -96,6 +96,7 @@ class GenerationResponse:
         self._chars = 0
         self.headers = ignored_headers(req.ignored)
         self.logprobs: list[Any] = []  # speculate.TokenLogprob of every token so far (when asked for)
+        self.prompt_ids: list[int] = []  # the prompt's tokens (set by app._generate)
 
     # -- the client leaving
     def _left(self) -> None:
@@ -178,15 +179,7 @@ class GenerationResponse:
         if self.req.logprobs is None or lps is None:
             return None
         if self.req.kind == "chat":
-            content = []
-            for lp in lps:
-                text, data = self._token(lp.token)
-                tops = []
-                for t, v in lp.top:
-                    tt, tb = self._token(t)
-                    tops.append({"token": tt, "logprob": _finite(v), "bytes": tb})
-                content.append({"token": text, "logprob": _finite(lp.logprob), "bytes": data, "top_logprobs": tops})
-            return {"content": content, "refusal": None}
+            return {"content": self._token_logprobs(lps), "refusal": None}
         tokens, values, tops_c, offsets = [], [], [], []
         offset = self._lp_offset
         for lp in lps:
@@ -200,6 +193,19 @@ class GenerationResponse:
         return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops_c, "text_offset": offsets}
 
     _lp_offset = 0
+
+    def _token_logprobs(self, lps: list[Any]) -> list[dict[str, Any]]:
+        """Per token {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} (OpenAI chat's
+        entries, which Ollama's logprobs are too)."""
+        content = []
+        for lp in lps:
+            text, data = self._token(lp.token)
+            tops = []
+            for t, v in lp.top:
+                tt, tb = self._token(t)
+                tops.append({"token": tt, "logprob": _finite(v), "bytes": tb})
+            content.append({"token": text, "logprob": _finite(lp.logprob), "bytes": data, "top_logprobs": tops})
+        return content
 
     # -- non-streaming
     async def _run_to_end(self, send: Send) -> str | None:

@@ -1,5 +1,6 @@
 """Ollama-compatible endpoints for clients set up for an "Ollama" provider: `/api/tags`, `/api/show`, `/api/chat`,
-`/api/generate` (NDJSON streaming, on by default as in Ollama), `/api/version`. Shapes: Ollama's docs/api.md.
+`/api/generate` (NDJSON streaming, on by default as in Ollama), `/api/ps`, `/api/version`. Shapes: Ollama's docs/api.md
+and api/types.go.
 
 Each is a translation over the same engine call as the OpenAI routes. `options` map onto edgespec's settings
 (`num_predict`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `stop`, `repeat_penalty`, `repeat_last_n`,
@@ -10,6 +11,14 @@ a `num_ctx` larger than the server's context...) is a 400 naming it. `format` ("
 output and `tools` (chat) are tool calls, through the same constraints as the OpenAI routes; a tool call comes back
 as Ollama writes it, `message.tool_calls: [{"function": {"name", "arguments": {...}}}]` (with streaming, in one
 line before the last); Ollama has no `tool_choice`, edgespec takes OpenAI's values there (default "auto"). Errors have Ollama's shape, `{"error": "<message>"}`.
+
+`logprobs: true` (with `top_logprobs` 0-20) answers `logprobs: [{"token", "logprob", "bytes", "top_logprobs"}]` per
+generated token, in each streamed line for its tokens and whole in a single answer (the engine's log-probabilities,
+as on the OpenAI routes). `/api/generate` (not `raw`) returns `context`: the prompt's token ids and the generated
+ones; sent back, it is continued at the token level (the new turn is rendered with the chat template, without a
+BOS and without a system prompt of the model, after those tokens), where Ollama detokenizes it into the prompt text.
+`/api/version` answers the oldest Ollama version with every API feature served here (OLLAMA_VERSION), so clients that
+gate features on the version enable them; edgespec's own version is beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from .. import __version__
+from ..errors import ConfigError, TemplateError
 from ..structured import parse_tool_calls
 from . import schema
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, timings
@@ -41,9 +51,11 @@ RUNTIME_OPTIONS = frozenset({"num_keep", "num_thread", "num_gpu", "main_gpu", "n
                              "low_vram", "f16_kv", "vocab_only", "numa", "logits_all", "embedding_only"})
 # options that would change the answer, with the value that leaves it unchanged
 NEUTRAL_OPTIONS = {"mirostat": 0, "tfs_z": 1, "typical_p": 1, "penalize_newline": None}
-CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "format", "tools", "tool_choice", "think"})
+CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "format", "tools", "tool_choice", "think",
+                       "logprobs", "top_logprobs"})
 GENERATE_KEYS = frozenset({"model", "prompt", "suffix", "system", "template", "raw", "context", "images", "stream",
-                           "options", "keep_alive", "format", "think"})
+                           "options", "keep_alive", "format", "think", "logprobs", "top_logprobs"})
+OLLAMA_VERSION = "0.12.11"  # the first Ollama with logprobs, the newest feature of its API served here
 
 
 def _app_fns() -> Any:
@@ -97,12 +109,36 @@ def _options(body: Mapping[str, Any], n_ctx: int) -> tuple[dict[str, Any], list[
 
 def _refuse(body: Mapping[str, Any]) -> None:
     for key, fine in (("think", lambda v: v in (None, False)), ("images", lambda v: v in (None, [])),
-                      ("template", lambda v: v in (None, "")), ("context", lambda v: v in (None, []))):
+                      ("template", lambda v: v in (None, ""))):
         if not fine(body.get(key)):
             what = {"think": "think is not supported (not a reasoning model server)", "images": "images are not supported (text only)",
-                    "template": "a custom template is not supported (the model's own chat template is used)",
-                    "context": "context (the deprecated token context) is not supported; send the conversation as messages"}[key]
+                    "template": "a custom template is not supported (the model's own chat template is used)"}[key]
             raise unsupported(key, what)
+
+
+def _logprobs(body: Mapping[str, Any]) -> int | None:
+    """Ollama's logprobs / top_logprobs as the engine's setting (None: off; else how many alternatives)."""
+    on = body.get("logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise bad("logprobs", "logprobs must be true or false")
+    top = body.get("top_logprobs")
+    if top is None:
+        top = 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise bad("top_logprobs", "top_logprobs must be between 0 and 20")
+    return top if on else None
+
+
+def _context(body: Mapping[str, Any], n_vocab: int) -> list[int]:
+    v = body.get("context")
+    if v is None:
+        return []
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise bad("context", "context must be an array of token ids (the context of an earlier answer)")
+    wrong = [t for t in v if not 0 <= t < n_vocab]
+    if wrong:
+        raise bad("context", f"context: token id {wrong[0]} is outside the vocabulary (size {n_vocab})")
+    return list(v)
 
 
 def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -128,7 +164,7 @@ def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple
     return mapped, tuple(ignored + ign)
 
 
-def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
+def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
     mapped, ignored = _common(body, n_ctx, CHAT_KEYS)
     msgs = body.get("messages")
     if isinstance(msgs, list):
@@ -147,11 +183,14 @@ def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
         if "tool_choice" in body:  # not Ollama's: an edgespec extension with the OpenAI values (default "auto")
             mapped["tool_choice"] = body["tool_choice"]
     req = schema.parse_chat({**mapped, "messages": msgs})
-    return replace(req, ignored=ignored)
+    return replace(req, ignored=ignored, logprobs=_logprobs(body))
 
 
-def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int) -> CompletionRequest:
+def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
+    """The request; with eng (the engine), a `context` is read and the prompt becomes its tokens and the new turn's."""
     mapped, ignored = _common(body, n_ctx, GENERATE_KEYS)
+    lp = _logprobs(body)
+    context = _context(body, eng.target.n_vocab) if eng is not None else []
     prompt = body.get("prompt") or ""
     suffix = body.get("suffix") or ""
     system = body.get("system") or ""
@@ -161,13 +200,23 @@ def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int) -> CompletionRequ
             raise bad(key, f"{key} must be a string")
     if not isinstance(raw, bool):
         raise bad("raw", "raw must be true or false")
+    if context and (suffix or raw):
+        raise unsupported("context", "context cannot be combined with " + ("suffix" if suffix else "raw"))
     if suffix:
         req = schema.parse_completion({**mapped, "prompt": prompt})
-        return replace(req, prompt=None, ignored=ignored + (("system",) if system else ()), infill=InfillInput(prompt, suffix))
+        return replace(req, prompt=None, ignored=ignored + (("system",) if system else ()), infill=InfillInput(prompt, suffix), logprobs=lp)
     if raw:
-        return replace(schema.parse_completion({**mapped, "prompt": prompt}), ignored=ignored + (("system",) if system else ()))
+        req = schema.parse_completion({**mapped, "prompt": prompt})
+        return replace(req, ignored=ignored + (("system",) if system else ()), logprobs=lp)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return replace(schema.parse_chat({**mapped, "messages": messages}), kind="completion", ignored=ignored)
+    req = replace(schema.parse_chat({**mapped, "messages": messages}), kind="completion", ignored=ignored, logprobs=lp)
+    if not context:
+        return req
+    try:  # the new turn after the earlier tokens (no second BOS)
+        turn = eng.segment_tokens(eng.chat_segments(req.messages), add_bos=False)
+    except (ConfigError, TemplateError) as e:
+        raise bad("prompt", str(e)) from None
+    return replace(req, messages=None, prompt_tokens=context + turn)
 
 
 # --------------------------------------------------------------------------------------------- the answer
@@ -177,7 +226,7 @@ class OllamaResponse(GenerationResponse):
 
     chat = True
 
-    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _piece(self, text: str, calls: list[dict[str, Any]] | None = None, lps: list[Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": _now()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
@@ -185,7 +234,13 @@ class OllamaResponse(GenerationResponse):
                 out["message"]["tool_calls"] = calls
         else:
             out["response"] = text
+        if self.req.logprobs is not None and lps is not None:
+            out["logprobs"] = self._token_logprobs(lps)
         return out
+
+    def _wants_context(self) -> bool:
+        return not self.chat and (self.req.messages is not None or self.req.infill is not None
+                                                                  or self.req.prompt is None)
 
     def _tool_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """(content, Ollama tool calls) of a chat answer when tools were offered, else (text, [])."""
@@ -196,10 +251,12 @@ class OllamaResponse(GenerationResponse):
             return text, []
         return content or "", [{"function": {"name": c["function"]["name"], "arguments": _arguments(c)}} for c in calls]
 
-    def _final(self, reason: str, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _final(self, reason: str, text: str, calls: list[dict[str, Any]] | None = None, lps: list[Any] | None = None) -> dict[str, Any]:
         s = self.gen.stats
         t = timings(s)
-        out = self._piece(text, calls)
+        out = self._piece(text, calls, lps)
+        if self._wants_context():
+            out["context"] = self.prompt_ids + list(self.gen.token_ids)
         out.update({
             "done": True,
             "done_reason": reason,
@@ -214,8 +271,8 @@ class OllamaResponse(GenerationResponse):
         return out
 
     async def _complete(self, send: Send) -> None:
-        async for _ in self.gen:
-            pass
+        async for chunk in self.gen:
+            self._track(chunk)
         if self.client_left:
             return
         api, reason = self._outcome()
@@ -223,7 +280,7 @@ class OllamaResponse(GenerationResponse):
             await _send_json(send, api.status, {"error": api.message}, api.headers)
             return
         content, calls = self._tool_calls(self.gen.text)
-        await _send_json(send, 200, self._final(reason, content, calls), self.headers)
+        await _send_json(send, 200, self._final(reason, content, calls, self.logprobs), self.headers)
 
     async def _stream(self, send: Send) -> None:
         from . import sse
@@ -235,16 +292,17 @@ class OllamaResponse(GenerationResponse):
 
         hold = self.chat and self.req.tool_choice != "none"  # a tool call is only known whole: sent at the end
         async for chunk in self.gen:
+            self._track(chunk)
             if self.client_left or not chunk.text or hold:
                 continue
-            await line({**self._piece(chunk.text), "done": False})
+            await line({**self._piece(chunk.text, lps=chunk.logprobs or []), "done": False})
         if self.client_left:
             return
         api, reason = self._outcome()
         if api is None and hold:
             content, calls = self._tool_calls(self.gen.text)
             if content or calls:
-                await line({**self._piece(content, calls), "done": False})
+                await line({**self._piece(content, calls, self.logprobs), "done": False})
         await line({"error": api.message} if api is not None else self._final(reason, ""))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -272,7 +330,7 @@ async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: st
             _common(body, eng.target.n_ctx, GENERATE_KEYS)  # the checks still apply
             # Ollama: an empty prompt loads the model and answers at once
             return JSON({"model": state.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
-        return await app._generate(request, lambda b: parse(b, eng.target.n_ctx), kind, cls, body=body)
+        return await app._generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body)
     except APIError as e:
         return ollama_error(e)
 
@@ -337,8 +395,24 @@ async def show(request: Request) -> Response:
                  "modified_at": datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")})
 
 
+async def ps(request: Request) -> Response:
+    """The loaded model (one, for the server's life: it never expires)."""
+    state = _app_fns()._state(request)
+    try:
+        eng = state.require_engine()
+    except APIError as e:
+        return ollama_error(e)
+    info = eng.target.info
+    name = _ollama_name(state)
+    return JSON({"models": [{"name": name, "model": name, "size": info.file_size, "digest": "", "details": _details(eng),
+                             "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx}]})
+
+
+NEVER = "2318-08-08T00:00:00Z"  # Ollama's expires_at for a model kept loaded (keep_alive < 0): far in the future
+
+
 async def version(request: Request) -> Response:
-    return JSON({"version": __version__})
+    return JSON({"version": OLLAMA_VERSION, "edgespec": __version__})
 
 
-__all__ = ["chat", "generate", "tags", "show", "version", "parse_ollama_chat", "parse_ollama_generate"]
+__all__ = ["chat", "generate", "tags", "show", "ps", "version", "parse_ollama_chat", "parse_ollama_generate"]
