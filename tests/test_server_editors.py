@@ -185,6 +185,13 @@ def test_warm_up_requests_fill_the_cache_and_answer_like_llama_server(srv):
     assert ev == [{"stop": True, "timings/predicted_n": 0}]
 
 
+def test_engine_max_tokens_0_only_evaluates_the_prompt(reference):
+    r = reference.generate("a prompt to keep", max_tokens=0)
+    assert r.text == "" and r.token_ids == [] and r.finish_reason == "length" and r.stats.n_prompt > 0
+    again = reference.generate("a prompt to keep going", max_tokens=1)
+    assert again.stats.n_cached >= r.stats.n_prompt - 1  # it was in the cache
+
+
 def test_llama_vscode_completion_works(srv):
     r = srv.post("/infill", vscode_fim("def add(a, b):\n    ", "\n", "return", EXTRA, 4, model="m"))
     assert r.status_code == 200, r.text
