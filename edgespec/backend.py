@@ -34,7 +34,7 @@ from .config import ModelSpec, check_tree_fits
 from .constraint import Vocabulary
 from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
-from .infill import FimTokens
+from .infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
 from .threads import ThreadTuner, candidate_counts
 
@@ -163,6 +163,7 @@ class Model:
         self._want = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._constraint_vocab: Vocabulary | None = None
+        self._infill_vocab: InfillVocab | None = None
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
@@ -305,6 +306,22 @@ class Model:
                 tokens, sorted(self.eog_ids), control, lambda text: self.tokenize(text, parse_special=False)
             )
         return self._constraint_vocab
+
+    def infill_vocab(self) -> InfillVocab:
+        """The vocabulary as llama.cpp's infill sampler needs it (infill.InfillVocab): every token's text without
+        special tokens, the end-of-generation ids, and the token that ends a completion (EOT, else EOS, else the first
+        EOG id; BackendError for a vocabulary without any). Built once per model."""
+        if self._infill_vocab is None:
+            with self._vocab_lock:
+                self._live()
+                ends = [int(C.llama_vocab_eot(self._vocab)), int(C.llama_vocab_eos(self._vocab))]
+            ends += sorted(self.eog_ids)
+            end = next((t for t in ends if 0 <= t < self.n_vocab), None)
+            if end is None:
+                raise BackendError("this model's vocabulary has no end-of-text token: the infill sampler cannot end a completion")
+            pieces = [self.token_bytes(i) for i in range(self.n_vocab)]
+            self._infill_vocab = InfillVocab(pieces, self.eog_ids, end)
+        return self._infill_vocab
 
     # ----------------------------------------------------------------- text
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:

@@ -82,6 +82,10 @@ class SamplingParams:
         (once / per occurrence) (0 = off).
     seed: None = a fresh random seed each generation; else an integer in [0, 2**64). The same seed on the same
         engine (same calibration) reproduces the output.
+    infill: apply llama.cpp's `infill` sampler last (after min_p), as the editor plugins' chain
+        ["top_k", "top_p", "infill"] asks: among the surviving tokens, those whose text extends another's are
+        merged, unlikely ones dropped, and the completion ends where no text token is likely enough
+        (infill.infill_filter). Needs the model's vocabulary (the engine passes it); not with a constraint.
     """
 
     temperature: float = 0.8
@@ -93,8 +97,11 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repeat_last_n: int = 64
     seed: int | None = None
+    infill: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.infill, bool):
+            raise ConfigError("infill must be True or False")
         if not (0.0 <= _real("temperature", self.temperature)):
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         for name in ("presence_penalty", "frequency_penalty"):

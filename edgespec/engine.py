@@ -36,7 +36,7 @@ from .structured import constraint_from_response_format
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
-from .errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError
+from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
@@ -434,6 +434,13 @@ class Engine:
             if logprobs > 20:
                 raise ConfigError(f"logprobs must be in [0, 20], got {logprobs}")
         matcher = self.matcher(constraint) if constraint is not None else None
+        if sampling.infill:
+            if matcher is not None:  # its end-the-completion token may be one the grammar forbids
+                raise ConfigError("the infill sampler (SamplingParams.infill) cannot be combined with a constraint")
+            try:
+                self.target.infill_vocab()  # built once per model, here rather than in the engine's thread
+            except BackendError as e:
+                raise ConfigError(str(e)) from None
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []

@@ -20,6 +20,9 @@ verification, so the two paths sample from exactly the same p.
 6. min-p (> 0): drop t with p_t < min_p * max p. (With min-p as the only filter the normaliser cancels, so the
    test runs on the weights w of a cheap superset of survivors and exp() is skipped for the rest.)
 7. Renormalise the surviving weights to sum to 1. Every dropped token has probability exactly 0.
+8. infill (llama.cpp's FIM sampler, params.infill): infill.infill_filter on that distribution, with the model's
+   vocabulary (token texts, EOG ids): it keeps a subset of the tokens (or ends the completion) and renormalises.
+   At temperature 0 it changes nothing (a one-hot row), so step 2 returns before it.
 
 `sample(probs, rng)` draws one id by inverse CDF with a single `rng.random()` (`sample_at(probs, u)` with a given
 u); `greedy` is the temperature-0 choice. All functions are pure: inputs are never modified. `PositionalUniforms`
@@ -34,6 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .config import SamplingParams
+from .infill import InfillVocab, infill_filter
 
 _CUT_STEP = 1.0 / 64.0  # top-p: each candidate cut is this fraction of the previous one
 _SPARSE_MIN_SIZE = 4096  # sample: rows longer than this are checked for sparsity first
@@ -176,9 +180,12 @@ def _min_p_candidates(x: np.ndarray, x_max: float, params: SamplingParams) -> np
     return np.flatnonzero(x >= cut)
 
 
-def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()) -> np.ndarray:
+def warp(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), infill_vocab: InfillVocab | None = None
+) -> np.ndarray:
     """The target distribution p for the next token: float64 probabilities of length V summing to 1, exact
-    zeros outside the kept set. Steps and their order are in the module docstring."""
+    zeros outside the kept set. Steps and their order are in the module docstring; `infill_vocab` (the model's
+    vocabulary, infill.InfillVocab) is needed with params.infill."""
     x = apply_penalties(logits, params, history)
     n_vocab = x.size
     if params.temperature == 0.0:
@@ -220,9 +227,14 @@ def warp(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()
             ids = sel if ids is None else ids[sel]
     w /= w.sum()
     if ids is None:
-        return w
-    probs = np.zeros(n_vocab)
-    probs[ids] = w
+        probs = w
+    else:
+        probs = np.zeros(n_vocab)
+        probs[ids] = w
+    if params.infill:
+        if infill_vocab is None:
+            raise ValueError("SamplingParams.infill needs the vocabulary (infill_vocab)")
+        return infill_filter(probs, infill_vocab)
     return probs
 
 

@@ -44,6 +44,7 @@ from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, 
 from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
+from .infill import InfillVocab
 from .errors import ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
 from .sampling import PositionalUniforms, warp
@@ -76,6 +77,10 @@ class LanguageModel(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
+    def infill_vocab(self) -> InfillVocab:
+        """The vocabulary for SamplingParams.infill (asked only when that is on)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -91,10 +96,15 @@ class TokenLogprob:
 
 
 def token_logprobs(
-    rows: Sequence[np.ndarray], tokens: Sequence[int], history: Sequence[int], sampling: SamplingParams, n_top: int
+    rows: Sequence[np.ndarray],
+    tokens: Sequence[int],
+    history: Sequence[int],
+    sampling: SamplingParams,
+    n_top: int,
+    infill_vocab: InfillVocab | None = None,
 ) -> list[TokenLogprob]:
     """TokenLogprob for tokens[j] from its (already masked) logits row rows[j]; the penalty history of row j is
-    history + tokens[:j]."""
+    history + tokens[:j] (infill_vocab: as for warp)."""
     from .sampling import apply_penalties
 
     out = []
@@ -106,7 +116,7 @@ def token_logprobs(
             lp = x - (m + float(np.log(np.exp(x - m).sum())))
         else:
             with np.errstate(divide="ignore"):
-                lp = np.log(warp(row, sampling, ctx))
+                lp = np.log(warp(row, sampling, ctx, infill_vocab))
         top: tuple[tuple[int, float], ...] = ()
         if n_top > 0:
             n = min(n_top, lp.size)
@@ -146,6 +156,7 @@ def verify(
     stats: GenerationStats | None = None,
     masks: Sequence[np.ndarray | None] | None = None,
     sampled_chances: bool = False,
+    infill_vocab: InfillVocab | None = None,
 ) -> Verdict:
     """Target rows -> verdict. Row i predicts the token after history + draft[:i]; the same `warp` (with the same
     penalty history) defines p as on the plain path. With a Generator the exact rule min(1, p/q) applies
@@ -153,7 +164,8 @@ def verify(
 
     `logits` has len(draft) + 1 rows, or len(draft) rows when the last drafted id lies outside the target's
     vocabulary or the constraint (it was not decoded): that position is a certain rejection, answered from its
-    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping.
+    residual. masks[i] (a constraint's allowed tokens for row i) is applied to row i before warping; infill_vocab is
+    warp's (needed with sampling.infill).
 
     At temperature > 0 the verdict carries `chances` (the acceptance probability of each position the rule examined)
     where they are cheap or asked for: a deterministic draft's is p(d), one entry of a row verify computed anyway; a
@@ -181,7 +193,7 @@ def verify(
         return accept_greedy(draft, argmax)
     rows = []
     for i in range(n_rows):
-        rows.append(warp(logits[i], sampling, ctx))
+        rows.append(warp(logits[i], sampling, ctx, infill_vocab))
         if i < k:
             ctx.append(draft[i])
     if n_rows == k:
@@ -268,6 +280,8 @@ def speculate(
     if max_tokens < 0:  # 0: the prompt is evaluated into the cache and nothing is generated
         raise ConfigError(f"max_tokens must be at least 0, got {max_tokens}")
     stats = stats if stats is not None else GenerationStats()
+    # the infill sampler reads the target's vocabulary (greedy rows are one-hot: it changes nothing there)
+    vocab = target.infill_vocab() if sampling.infill and not sampling.greedy else None
     ctx = [int(t) for t in tokens]
     if min(ctx) < 0 or max(ctx) >= target.n_vocab:
         raise ConfigError(f"token ids must be in [0, {target.n_vocab}) for this model")
@@ -328,10 +342,13 @@ def speculate(
                     target.truncate(L - 1)
                     pending = None
                 cycle = _tree_cycle(
-                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None, proposal.sampled_chances
+                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None, proposal.sampled_chances,
+                    vocab,
                 )
             else:
-                cycle = _chain_cycle(target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None)
+                cycle = _chain_cycle(
+                    target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None, vocab
+                )
                 pending = None
             new, n_drafted, n, rows, skipped = cycle.tokens, cycle.n_drafted, cycle.n_kept, cycle.rows, cycle.skipped
             t2 = clock()
@@ -341,7 +358,7 @@ def speculate(
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
             if eog_at is not None:
                 new = new[: eog_at + 1]
-            lps = token_logprobs(rows, new, ctx, sampling, logprobs) if logprobs is not None and rows is not None else None
+            lps = token_logprobs(rows, new, ctx, sampling, logprobs, vocab) if logprobs is not None and rows is not None else None
             dead_end = False
             if constraint is not None:
                 for i, t in enumerate(new):
@@ -491,6 +508,7 @@ def _chain_cycle(
     pending: np.ndarray | None,
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
+    infill_vocab: InfillVocab | None = None,
 ) -> _Verified:
     """Verify a chain of drafts in one decode."""
     L = len(ctx)
@@ -511,7 +529,7 @@ def _chain_cycle(
         known.pop(0, None)  # row 0 is the prefill's, computed already
         rows = _decode_rows(target, draft[:n_decode], L, {i - 1: t for i, t in known.items()}) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
-    verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks, proposal.sampled_chances)
+    verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks, proposal.sampled_chances, infill_vocab)
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
@@ -530,8 +548,10 @@ class _TreeRows(Sequence[Any]):
         ctx: list[int],
         sampling: SamplingParams,
         masks: dict[int, np.ndarray] | None = None,
+        infill_vocab: InfillVocab | None = None,
     ) -> None:
         self.tree, self.logits, self.node_row, self.ctx, self.sampling = tree, logits, node_row, ctx, sampling
+        self.infill_vocab = infill_vocab
         self.masks = masks  # row index (0 = root, i + 1 = node i) -> the constraint's mask there
         self._rows: dict[int, np.ndarray | int | None] = {}
 
@@ -549,7 +569,10 @@ class _TreeRows(Sequence[Any]):
                 row = self.logits[r]
                 if self.masks is not None:
                     row = apply_mask(row, self.masks[i])
-                self._rows[i] = greedy_token(row, self.sampling, history) if self.sampling.greedy else warp(row, self.sampling, history)
+                self._rows[i] = (
+                    greedy_token(row, self.sampling, history) if self.sampling.greedy
+                    else warp(row, self.sampling, history, self.infill_vocab)
+                )
         return self._rows[i]
 
 
@@ -563,6 +586,7 @@ def _tree_cycle(
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
     sampled_chances: bool = False,
+    infill_vocab: InfillVocab | None = None,
 ) -> _Verified:
     """Verify a token tree in one decode and keep the accepted path (n_drafted: the nodes decoded; skipped: 0, except in
     the plain step of a tree that does not fit, see _chain_cycle).
@@ -577,11 +601,11 @@ def _tree_cycle(
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
-        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows)
+        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows, infill_vocab)
     masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
     tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
     logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)
-    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling, masks)
+    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling, masks, infill_vocab)
     if sampling.greedy:
         verdict = accept_tree_greedy(tree, rows)
     elif isinstance(rng, PositionalUniforms):

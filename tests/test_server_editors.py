@@ -9,6 +9,7 @@ server must answer what the library answers)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import httpx
 import ollama
@@ -16,6 +17,7 @@ import pytest
 
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
+from edgespec.errors import ConfigError
 from edgespec.infill import indent_cut
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER
@@ -85,19 +87,22 @@ def nl(nl_path):
 
 # --------------------------------------------------------------------------------------------- the chain, pure
 def test_the_plugins_chains_map_onto_the_engine():
-    s, ign = apply_chain(["top_k", "top_p", "infill"], BASE)
-    assert (s.top_k, s.top_p, s.min_p, s.temperature, s.repeat_penalty) == (40, 0.9, 0.0, 1.0, 1.0) and ign == ("samplers.infill",)
-    s, ign = apply_chain([], BASE)  # nothing in the chain: llama-server samples the plain distribution
-    assert (s.top_k, s.top_p, s.min_p, s.temperature, s.repeat_penalty) == (0, 1.0, 0.0, 1.0, 1.0) and ign == ()
-    s, _ = apply_chain(["temperature"], BASE)
+    s = apply_chain(["top_k", "top_p", "infill"], BASE)
+    assert (s.top_k, s.top_p, s.min_p, s.temperature, s.repeat_penalty, s.infill) == (40, 0.9, 0.0, 1.0, 1.0, True)
+    s = apply_chain([], BASE)  # nothing in the chain: llama-server samples the plain distribution
+    assert (s.top_k, s.top_p, s.min_p, s.temperature, s.repeat_penalty, s.infill) == (0, 1.0, 0.0, 1.0, 1.0, False)
+    s = apply_chain(["temperature"], BASE)
     assert (s.top_k, s.top_p, s.min_p, s.temperature) == (0, 1.0, 0.0, 0.8)
     # llama.vim's instruct chain: min_p on the untempered distribution = min_p ** (1/T) after the temperature
-    s, _ = apply_chain(["min_p", "temperature"], SamplingParams(temperature=0.1, min_p=0.1))
+    s = apply_chain(["min_p", "temperature"], SamplingParams(temperature=0.1, min_p=0.1))
     assert s.temperature == 0.1 and math.isclose(s.min_p, 1e-10, rel_tol=1e-9)
     # llama-server's default order, and letters
-    s, _ = apply_chain(parse_names("ekpmt"), replace_t(BASE, 1.0))
+    s = apply_chain(parse_names("ekpmt"), replace_t(BASE, 1.0))
     assert (s.top_k, s.top_p, s.min_p, s.repeat_penalty) == (40, 0.9, 0.05, 1.1)
-    assert apply_chain(["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"], replace_t(BASE, 0.0))[0].temperature == 0.0
+    assert apply_chain(["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"], replace_t(BASE, 0.0)).temperature == 0.0
+    # infill last (letters too), after a temperature, or before samplers left neutral
+    assert apply_chain(parse_names("kpi"), BASE).infill and apply_chain(["temperature", "infill"], BASE).infill
+    assert apply_chain(["infill", "min_p"], SamplingParams(min_p=0.0)).infill  # min_p 0 does nothing there
 
 
 def replace_t(s: SamplingParams, t: float) -> SamplingParams:
@@ -112,6 +117,9 @@ def replace_t(s: SamplingParams, t: float) -> SamplingParams:
     (["min_p", "top_p"], ("'min_p' before 'top_p'",)),
     (["top_k", "penalties"], ("'top_k' before 'penalties'",)),
     (["top_p", "top_p"], ("'top_p' is listed twice",)),
+    (["infill", "top_k"], ("'infill' before 'top_k'",)),
+    (["top_k", "infill", "temperature"], ("'infill' before 'temperature'",)),
+    (["infill", "infill"], ("'infill' is listed twice",)),
     (["mirostat"], ("unknown sampler 'mirostat'",)),
     ("kq", ("unknown sampler letter 'q'",)),
 ])
@@ -139,14 +147,15 @@ def test_llama_vim_completion_answers_only_the_fields_it_asks(srv):
     j = r.json()
     assert set(j) == set(VIM_RESPONSE_FIELDS)  # flattened keys as llama-server writes them: what llama.vim reads
     assert j["timings/prompt_n"] > 0 and j["truncated"] is False and isinstance(j["content"], str)
-    assert r.headers[IGNORED_HEADER] == "t_max_prompt_ms, samplers.infill"
+    assert r.headers[IGNORED_HEADER] == "t_max_prompt_ms"  # the infill sampler is applied
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_llama_vim_seeded_answer_is_the_engines_with_the_mapped_chain_and_n_indent(nl, seed):
     srv, reference = nl
     prefix, suffix = "if x:\n  ", "\n"
-    body = {**vim_fim(prefix, suffix, "", [], indent=2, n_predict=64, t_max_predict_ms=0), "seed": seed}
+    # without the chain's infill step, which keeps this model on "b" (no lines to cut: see the next test)
+    body = {**vim_fim(prefix, suffix, "", [], indent=2, n_predict=64, t_max_predict_ms=0), "seed": seed, "samplers": ["top_k", "top_p"]}
     got = srv.post("/infill", {**body, "response_fields": []}).json()  # [] = every field
     want = reference.infill(prefix, suffix, max_tokens=64, sampling=SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=seed)).text
     cut = indent_cut(want, 2)
@@ -157,6 +166,34 @@ def test_llama_vim_seeded_answer_is_the_engines_with_the_mapped_chain_and_n_inde
     # without n_indent: the whole completion
     assert srv.post("/infill", {**body, "n_indent": 0, "response_fields": ["content"]}).json() == {"content": want}
     assert srv.post("/infill", {**body, "n_indent": -1}).json()["error"]["param"] == "n_indent"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_plugins_chain_runs_the_infill_sampler(nl, seed):
+    """llama.vim's body as sent (samplers ["top_k", "top_p", "infill"]): the answer is the engine's with infill on,
+    which is not the answer without it, streamed or not, and nothing is reported ignored for it."""
+    srv, reference = nl
+    prefix, suffix = "if x:\n  ", "\n"
+    body = {**vim_fim(prefix, suffix, "", [], indent=0, n_predict=48, t_max_predict_ms=0), "seed": seed, "response_fields": []}
+    assert body["samplers"] == ["top_k", "top_p", "infill"]
+    r = srv.post("/infill", body)
+    assert r.status_code == 200, r.text
+    assert "infill" not in r.headers.get(IGNORED_HEADER, "")
+    sp = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=seed)
+    want = reference.infill(prefix, suffix, max_tokens=48, sampling=replace(sp, infill=True)).text
+    assert r.json()["content"] == want
+    assert want != reference.infill(prefix, suffix, max_tokens=48, sampling=sp).text
+    events = list(sse_events(srv.post("/infill", {**body, "stream": True}).iter_lines()))
+    assert "".join(e["content"] for e in events) == want
+    # speculative on the engine (n-gram drafts) == plain
+    assert reference.infill(prefix, suffix, max_tokens=48, sampling=replace(sp, infill=True), speculative=False).text == want
+
+
+def test_the_infill_sampler_is_refused_with_a_constraint(srv, reference):
+    r = srv.post("/completion", {"prompt": "x", "n_predict": 4, "samplers": ["top_k", "infill"], "grammar": 'root ::= "a"'})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", r.text
+    with pytest.raises(ConfigError, match="infill"):
+        reference.generate("x", max_tokens=2, sampling=SamplingParams(infill=True), constraint={"type": "json_object"})
 
 
 def test_warm_up_requests_fill_the_cache_and_answer_like_llama_server(srv):
@@ -176,7 +213,7 @@ def test_warm_up_requests_fill_the_cache_and_answer_like_llama_server(srv):
     assert r.status_code == 200, r.text
     c = r.json()
     assert c["tokens_cached"] >= j["tokens_evaluated"] - 3 and c["tokens_predicted"] <= 4
-    assert r.headers[IGNORED_HEADER] == "n_cmpl, t_max_prompt_ms, samplers.infill"
+    assert r.headers[IGNORED_HEADER] == "n_cmpl, t_max_prompt_ms"
     # n_predict 0 on /completion too; stream: only the final event
     k = srv.post("/completion", {"prompt": "hello", "n_predict": 0}).json()
     assert k["content"] == "" and k["tokens_predicted"] == 0

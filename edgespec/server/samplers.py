@@ -2,20 +2,23 @@
 
 llama-server builds its sampler from the chain it is sent, in that order, and samples the result at temperature 1
 (`dist`); a sampler left out of the chain is not applied whatever its setting. edgespec's warping (sampling.warp)
-always runs penalties -> top_k -> temperature -> top_p -> min_p. So a chain is mapped this way:
+always runs penalties -> top_k -> temperature -> top_p -> min_p -> infill (the last when SamplingParams.infill is on).
+So a chain is mapped this way:
 
 - a sampler absent from the chain has its settings made neutral (top_k 0, top_p 1, min_p 0, temperature 1, no
   penalties), as llama-server leaves it out;
 - `dry`, `xtc`, `typ_p` and `top_n_sigma` are no-ops here: their settings are refused unless neutral
   (schema._UNSUPPORTED), where llama-server does nothing with them either;
-- `infill` (llama.cpp's FIM filter that merges tokens sharing a prefix and favours ending the completion) is not
-  implemented: it is accepted, so the chains of llama.vim and llama.vscode work, and reported as ignored
-  (`samplers.infill` in the X-Edgespec-Ignored-Params header); the text comes from the chain without it;
+- `infill` (llama.cpp's FIM sampler: merges tokens sharing a prefix, drops unlikely ones and ends the completion
+  where nothing is likely enough; infill.infill_filter) sets SamplingParams.infill: it is applied after every other
+  sampler, so it must come after the active ones in the chain, as in the chains of llama.vim and llama.vscode
+  (["top_k", "top_p", "infill"]);
 - the active samplers must come in an order that gives the engine's distribution: pairs that commute (top_k with
   temperature or min_p; temperature 0, greedy, with top_p and min_p) may come in either order, and min_p before a
   temperature T > 0 is min_p ** (1/T) after it (both keep the tokens with logit >= max logit + ln(min_p), the
   second on logits divided by T); any other order (top_p before top_k, min_p before top_p, top_p before a
-  temperature, penalties after another sampler) or a non-idempotent sampler listed twice is a 400 that names it.
+  temperature, penalties after another sampler, infill before another) or a non-idempotent sampler listed twice is a
+  400 that names it.
 
 The chain is an array of llama.cpp's names (`dry`, `top_k`, `typ_p`, `top_p`, `min_p`, `xtc`, `temperature`,
 `infill`, `penalties`, `top_n_sigma`) or a string of their letters (`d k y p m x t i e s`), as llama-server takes it.
@@ -32,7 +35,7 @@ NAMES = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infil
 LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature",
            "i": "infill", "e": "penalties", "s": "top_n_sigma"}
 NO_OPS = frozenset({"dry", "xtc", "typ_p", "top_n_sigma"})  # neutral by schema._UNSUPPORTED
-ENGINE_ORDER = ("penalties", "top_k", "temperature", "top_p", "min_p")  # sampling.warp's order
+ENGINE_ORDER = ("penalties", "top_k", "temperature", "top_p", "min_p", "infill")  # sampling.warp's order
 IDEMPOTENT = frozenset({"top_k", "min_p"})  # applying twice is applying once
 
 
@@ -66,22 +69,23 @@ def _active(name: str, s: SamplingParams) -> bool:
         return s.temperature != 1.0
     if name == "penalties":
         return s.repeat_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
-    return False
+    return name == "infill"
 
 
 def _commute(a: str, b: str, s: SamplingParams) -> bool:
     pair = {a, b}
     if pair in ({"top_k", "temperature"}, {"top_k", "min_p"}):
         return True
-    return "temperature" in pair and s.temperature == 0.0 and "penalties" not in pair  # greedy keeps the argmax
+    # greedy keeps the argmax (infill before it can drop the argmax, or end the completion)
+    return "temperature" in pair and s.temperature == 0.0 and not pair & {"penalties", "infill"}
 
 
-def apply_chain(names: list[str], s: SamplingParams) -> tuple[SamplingParams, tuple[str, ...]]:
-    """The sampling settings that give this chain's distribution, and the samplers accepted without effect
-    (ChainError for a chain the engine cannot honour)."""
+def apply_chain(names: list[str], s: SamplingParams) -> SamplingParams:
+    """The sampling settings that give this chain's distribution (ChainError for a chain the engine cannot honour)."""
     present = set(names)
     s = replace(
         s,
+        infill="infill" in present,
         top_k=s.top_k if "top_k" in present else 0,
         top_p=s.top_p if "top_p" in present else 1.0,
         min_p=s.min_p if "min_p" in present else 0.0,
@@ -108,8 +112,7 @@ def apply_chain(names: list[str], s: SamplingParams) -> tuple[SamplingParams, tu
             if rank[a] > rank[b] and not _commute(a, b, s):
                 raise ChainError(f"samplers: {a!r} before {b!r} cannot be honoured exactly: this engine applies "
                                  f"{', '.join(ENGINE_ORDER)} in that order; reorder the chain or drop one")
-    ignored = tuple(f"samplers.{n}" for n in dict.fromkeys(names) if n == "infill")
-    return s, ignored
+    return s
 
 
 __all__ = ["apply_chain", "parse_names", "ChainError", "NAMES", "LETTERS", "ENGINE_ORDER"]

@@ -227,11 +227,7 @@ COMMON_KEYS = frozenset({
 def ignored_keys(body: Mapping[str, Any], known: frozenset[str] | set[str]) -> tuple[str, ...]:
     """The body's keys outside `known` and the refused features, in a stable order."""
     refused = {k for k, _, _ in _UNSUPPORTED}
-    out = sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused)
-    chain = body.get("samplers")
-    if isinstance(chain, (list, str)) and ("infill" in chain or (isinstance(chain, str) and "i" in chain)):
-        out.append("samplers.infill")  # accepted, not applied (server/samplers.py)
-    return tuple(out)
+    return tuple(sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused))
 
 
 def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
@@ -253,7 +249,7 @@ def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
         lp = _integer(body, "top_logprobs", 0, 0, 20)
     elif _get(body, "top_logprobs") not in (_MISSING, None, 0):
         raise bad("top_logprobs", "top_logprobs needs logprobs: true")
-    return replace(req, constraint=constraint, tools=tools if choice != "none" else [], tool_choice=choice, logprobs=lp)
+    return _no_infill_with(replace(req, constraint=constraint, tools=tools if choice != "none" else [], tool_choice=choice, logprobs=lp))
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
@@ -269,11 +265,19 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
     lp = _integer(body, "logprobs", None, 0, 5)  # the completions API: how many alternatives (null = off)
     req = replace(_common(body, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}),
                   constraint=_output_constraint(body), logprobs=lp)
+    _no_infill_with(req)
     if suffix is _MISSING or suffix == "":
         return req
     if prompt is None:
         raise unsupported("suffix", "suffix needs the prompt as a string (the code before the cursor), not token ids")
     return replace(req, prompt=None, infill=InfillInput(prefix=prompt, suffix=suffix))
+
+
+def _no_infill_with(req: CompletionRequest) -> CompletionRequest:
+    """The infill sampler ends a completion with a token a grammar may forbid: not with a constraint."""
+    if req.sampling.infill and req.constraint is not None:
+        raise unsupported("samplers", "the infill sampler cannot be combined with grammar, json_schema, response_format or tools")
+    return req
 
 
 def _constraint_or_400(param: str, make: Any) -> Any:
@@ -499,7 +503,7 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
         raise bad(None, str(e)) from None
     if chain is not None:
         try:
-            sampling = apply_chain(chain, sampling)[0]
+            sampling = apply_chain(chain, sampling)
         except ChainError as e:
             raise unsupported("samplers", str(e)) from None
     speculative = _boolean(body, "speculative", True)

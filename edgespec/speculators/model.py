@@ -5,12 +5,14 @@ confidence says the next token is not worth its cost."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, cast
 
 import numpy as np
 
 from ..config import SamplingParams
 from ..constraint import TokenConstraint, apply_mask
+from ..errors import EdgespecError
+from ..infill import InfillVocab
 from ..policy import Controller
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
@@ -81,11 +83,26 @@ class ModelSpeculator:
         self.model = model
         self.controller = controller
         self.params = sampling if draft_temperature is None else replace(sampling, temperature=draft_temperature)
+        # the infill sampler with the draft's own vocabulary, so that q follows the target's p; a draft that cannot
+        # give one samples without it (q may differ from p: exactness never depends on it)
+        self._infill_vocab = self._draft_infill_vocab(model) if self.params.infill and not self.params.greedy else None
+        if self.params.infill and self._infill_vocab is None:
+            self.params = replace(self.params, infill=False)
         self._checked = 0  # context tokens already checked against the draft's vocabulary
         self.constraint: TokenConstraint | None = None
         self.foreign = False  # the context holds an id the draft lacks: drafting is over for this generation
         self._catchup = 0  # context tokens the last draft had to catch up on before drafting
         self._tree: tuple[TokenTree, int, list[int]] | None = None  # the last tree: (tree, chain length, siblings per position)
+
+    @staticmethod
+    def _draft_infill_vocab(model: DraftModel) -> InfillVocab | None:
+        get = getattr(model, "infill_vocab", None)
+        if get is None:
+            return None
+        try:
+            return cast(InfillVocab, get())
+        except EdgespecError:
+            return None
 
     # -- the contract -------------------------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: int, rng: np.random.Generator | PositionalUniforms) -> Proposal:
@@ -212,7 +229,7 @@ class ModelSpeculator:
         if self.params.greedy:
             d = greedy_token(logits, self.params, history)
             return d, None, top_probability(logits)
-        q_row = warp(logits, self.params, history)
+        q_row = warp(logits, self.params, history, self._infill_vocab)
         # seeded: the uniform of this position, shared with the target's own sample there
         d = sample_at(q_row, rng.at(len(history))) if isinstance(rng, PositionalUniforms) else sample(q_row, rng)
         return d, q_row, float(q_row[d])
