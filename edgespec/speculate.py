@@ -30,6 +30,9 @@ decode instead of one decode per token. The speculator drafts after them (it is 
 tokens). On every path a row whose mask allows one token is not computed at all (_known_rows): its distribution is
 fixed, and llama.cpp skips the output projection for it. A constraint that dead-ends stops the generation with
 stop_reason "constraint".
+
+With SamplingParams.infill, every target row goes through the infill sampler with the target's vocabulary
+(`target.infill_vocab()`, passed to `warp` on every path), so plain and speculative decoding share that p too.
 """
 
 from __future__ import annotations
