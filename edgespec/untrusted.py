@@ -29,21 +29,19 @@ class JSONDepthError(ConfigError):
 def json_depth(obj: Any, stop_after: int | None = None) -> int:
     """How deep `obj` nests (0 for a scalar, 1 for [] or {}, 2 for [[]]...), counting dicts, lists and tuples, without
     recursion. With stop_after, the walk stops as soon as the depth passes it (and returns that depth): a cycle then
-    ends it too."""
-    if not isinstance(obj, (dict, list, tuple)):
-        return 0
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > deepest:
-            deepest = d
-            if stop_after is not None and d > stop_after:
-                return d
-        for child in o.values() if isinstance(o, dict) else o:
-            if isinstance(child, (dict, list, tuple)):
-                stack.append((child, d + 1))
-    return deepest
+    ends it too (without stop_after a cycle never ends it: pass one for objects that are not parsed JSON)."""
+    containers = (dict, list, tuple)
+    level = [obj] if isinstance(obj, containers) else []
+    depth = 0
+    while level:  # one level at a time: each container is looked at once
+        depth += 1
+        if stop_after is not None and depth > stop_after:
+            return depth
+        below: list[Any] = []
+        for o in level:
+            below.extend(c for c in (o.values() if isinstance(o, dict) else o) if isinstance(c, containers))
+        level = below
+    return depth
 
 
 def check_json_depth(obj: Any, what: str = "the JSON", limit: int | None = None) -> Any:
