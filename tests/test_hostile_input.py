@@ -280,3 +280,32 @@ def test_api_errors_are_edgespec_errors():
     for make in (lambda: Constraint.regex("\udcff"), lambda: Constraint.json_schema("[" * 5000)):
         with pytest.raises(EdgespecError):
             make()
+
+
+def test_a_model_index_page_nested_deep_is_a_models_error():
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from edgespec.models.index import _index_files
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = b'{"files": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = HTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(EdgespecError, match="not a PEP 691 JSON page"):
+            _index_files(f"http://127.0.0.1:{httpd.server_address[1]}/simple", "pkg")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
