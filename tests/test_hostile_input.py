@@ -94,6 +94,7 @@ def test_hostile_constraints_are_typed_errors_at_once(make):
     assert "\n" not in msg and "backtrace" not in msg and "panic" not in msg
 
 
+@pytest.mark.slow  # llguidance compiles 70,000 alternatives before it finds them too many (~10-30 s on 2 cores)
 def test_a_grammar_past_llguidance_s_symbol_limit_says_so_without_a_backtrace(tiny):
     eng = load(tiny["target"], None, drafter="none")
     try:
