@@ -35,6 +35,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .config import SamplingParams
 from .errors import EdgespecError
+from .fsutil import read_regular_bytes
+from .untrusted import JSONDepthError, loads as loads_json
 from .stats import Totals, acceptance_by_position
 
 SUITES_FILE = Path(__file__).with_name("bench_suites.json")
@@ -69,6 +71,9 @@ def check_entry(entry: Any, where: str) -> dict[str, Any]:
     return entry
 
 
+MAX_PROMPTS_FILE = 64 * 2**20  # a --prompts file
+
+
 def load_suites(path: str | os.PathLike[str] | None = None) -> dict[str, list[dict[str, Any]]]:
     """The built-in suites (edgespec/bench_suites.json, next to this module): {suite name: [entries]}."""
     p = Path(path) if path is not None else SUITES_FILE
@@ -94,8 +99,8 @@ def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None =
     default: the file's stem. A bad line raises BenchError "FILE:LINE: why"."""
     p = Path(path)
     suite_default = default_suite or p.stem or "custom"
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+    try:  # a regular file only: a FIFO is refused before any read (nothing waits for a writer)
+        lines = read_regular_bytes(p, MAX_PROMPTS_FILE).decode("utf-8").splitlines()
     except OSError as e:
         raise BenchError(f"cannot read {p}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
@@ -107,10 +112,10 @@ def load_prompts_jsonl(path: str | os.PathLike[str], default_suite: str | None =
             continue
         where = f"{p}:{no}"
         try:
-            entry = json.loads(s)
+            entry = loads_json(s, "the line")
         except json.JSONDecodeError as e:
             raise BenchError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
+        except JSONDepthError:
             raise BenchError(f"{where}: invalid JSON (nested too deeply)") from None
         check_entry(entry, where)
         out.setdefault(entry.get("suite") or suite_default, []).append(entry)

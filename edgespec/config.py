@@ -16,6 +16,12 @@ from .errors import ConfigError, EdgespecError
 
 MAX_CTX = 1 << 20  # a context of a million tokens is far past what a laptop holds; larger numbers are mistakes
 MAX_SEED = 2**64 - 1
+# JSON from outside (request bodies, schema files, tool-call arguments, schemas an app passes) nests at most this many
+# levels (edgespec/untrusted.py); EDGESPEC_MAX_JSON_DEPTH changes it, up to MAX_JSON_DEPTH_CEILING (past that,
+# Python's own parser and encoder run out of stack)
+MAX_JSON_DEPTH_ENV = "EDGESPEC_MAX_JSON_DEPTH"
+DEFAULT_MAX_JSON_DEPTH = 100
+MAX_JSON_DEPTH_CEILING = 500
 
 
 def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -203,6 +209,21 @@ def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
         )
 
 
+def max_json_depth() -> int:
+    """The JSON nesting limit: EDGESPEC_MAX_JSON_DEPTH (an integer in [1, MAX_JSON_DEPTH_CEILING]) or
+    DEFAULT_MAX_JSON_DEPTH; a ConfigError for any other value of the variable."""
+    raw = os.environ.get(MAX_JSON_DEPTH_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_JSON_DEPTH
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_JSON_DEPTH_CEILING:
+        raise ConfigError(f"{MAX_JSON_DEPTH_ENV} must be an integer in [1, {MAX_JSON_DEPTH_CEILING}], got {raw[:40]!r}")
+    return n
+
+
 def check_stop(stop: Any) -> tuple[str, ...]:
     """Stop strings as a tuple: None, a string, or a list/tuple of strings (empty ones dropped)."""
     if stop is None:
@@ -214,4 +235,5 @@ def check_stop(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop", "check_tree_fits"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop", "check_tree_fits",
+           "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV"]

@@ -35,12 +35,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from .errors import ConfigError
+from .untrusted import JSONDepthError, check_json_depth, check_text, loads as loads_json
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # JSON is written on one line the way json.dumps and most models write it ({"a": 1, "b": [2, 3]}): no free
 # whitespace, so the grammar forces the separators and the model spends no tokens (or probability) on layout.
 # A schema's own "x-guidance" options override this.
 JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance holds at most 65,525 grammar symbols (a Rust assertion past that); each choice costs one or more, and
+# compiling 100,000 of them takes seconds before it fails: refused here at once, with a clear message
+MAX_CHOICES = 10_000
+MAX_CHOICE_BYTES = 1 << 20
 
 
 class ConstraintError(ConfigError):
@@ -95,7 +100,9 @@ class Constraint:
     def json_schema(cls, schema: Mapping[str, Any] | str) -> "Constraint":
         if isinstance(schema, str):
             try:
-                schema = json.loads(schema)
+                schema = loads_json(schema, "the JSON schema")
+            except JSONDepthError as e:
+                raise ConstraintError(str(e)) from None
             except ValueError as e:
                 raise ConstraintError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, Mapping):
@@ -138,12 +145,22 @@ def _compile(kind: str, value: Any) -> str:
         if not isinstance(value, Mapping):
             raise ConstraintError("a JSON schema must be an object")
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(value), defaults=JSON_LAYOUT)
+            check_json_depth(value, "the JSON schema")
+        except JSONDepthError as e:
+            raise ConstraintError(str(e)) from None
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ConstraintError(f"invalid JSON schema: {_one_line(e)}") from None
+        check_text(text, "the JSON schema", ConstraintError)
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"invalid JSON schema: {_one_line(e)}") from None
     elif kind == "regex":
         if not isinstance(value, str) or not value:
             raise ConstraintError("a regex constraint must be a non-empty string")
+        check_text(value, "the regex", ConstraintError)
         try:
             re.compile(value)  # a clear message for the common mistakes; llguidance checks its own syntax below
         except re.error as e:
@@ -152,12 +169,19 @@ def _compile(kind: str, value: Any) -> str:
     elif kind == "choice":
         if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
             raise ConstraintError("a choice constraint needs a non-empty list of strings")
+        if len(value) > MAX_CHOICES:
+            raise ConstraintError(f"a choice constraint has {len(value):,} options; at most {MAX_CHOICES:,}")
         if not all(isinstance(v, str) and v for v in value):
             raise ConstraintError("every choice must be a non-empty string")
+        if sum(len(v) for v in value) > MAX_CHOICE_BYTES:
+            raise ConstraintError(f"the choices hold more than {MAX_CHOICE_BYTES:,} characters in all (the limit)")
+        for i, v in enumerate(value):
+            check_text(v, f"choice {i + 1}", ConstraintError)
         grammar = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(v) for v in value))
     else:  # grammar: Lark, or GBNF converted to Lark
         if not isinstance(value, str) or not value.strip():
             raise ConstraintError("a grammar constraint must be non-empty text")
+        check_text(value, "the grammar", ConstraintError)
         text = value
         if "::=" in text:
             try:
@@ -171,8 +195,21 @@ def _compile(kind: str, value: Any) -> str:
     return grammar
 
 
+# llguidance reports a Rust panic as its error text, with a backtrace after it: the message keeps what the panic
+# said (translated where it is a known limit), never the backtrace
+_PANIC_TAILS = ("<backtrace>", "stack backtrace:", "note: run with `RUST_BACKTRACE")
+_KNOWN_PANICS = {"grammar.symbols.len() < u16::MAX": "the grammar is too large for llguidance (at most 65,525 symbols)"}
+
+
 def _one_line(e: Any) -> str:
-    s = " ".join(str(e).split())
+    s = str(e)
+    for tail in _PANIC_TAILS:
+        s = s.split(tail, 1)[0]
+    if "panic" in s:
+        for key, says in _KNOWN_PANICS.items():
+            if key in s:
+                s = says
+    s = " ".join(s.split())
     return s[:300] + ("..." if len(s) > 300 else "")
 
 

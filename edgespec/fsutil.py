@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator, Union
+
+from .config import max_json_depth
+from .untrusted import JSONDepthError, loads as loads_untrusted
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -125,11 +127,11 @@ def _finite_float(text: str) -> float:
 def loads_json(data: str | bytes) -> Any:
     """Strict JSON for files edgespec reads back: a ValueError (never a RecursionError or an OverflowError) for
     NaN/Infinity, numbers of more than MAX_JSON_NUMBER_DIGITS digits or out of float range, invalid UTF-8, and
-    nesting too deep for the parser."""
+    nesting deeper than config.max_json_depth()."""
     try:
-        return json.loads(data, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        return loads_untrusted(data, "the file", parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
+    except JSONDepthError:  # a ValueError too; this message is what callers quote
+        raise ValueError(f"JSON nested too deeply (more than {max_json_depth()} levels)") from None
 
 
 def clear_odd_file(path: PathLike) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .constraint import Constraint, ConstraintError
+from .untrusted import JSONDepthError, check_json_depth, loads as loads_json
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -82,6 +83,10 @@ def check_tools(tools: Any) -> list[Tool]:
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, Mapping):
             raise ConstraintError(f"tools[{i}].function.parameters must be a JSON schema object")
+        try:
+            check_json_depth(params, f"tools[{i}].function.parameters")
+        except JSONDepthError as e:
+            raise ConstraintError(str(e)) from None
         desc = fn.get("description", "")
         if not isinstance(desc, str):
             raise ConstraintError(f"tools[{i}].function.description must be a string")
@@ -160,11 +165,16 @@ def _call_text(call: Mapping[str, Any]) -> str:
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
         raise ConstraintError("an assistant tool_calls entry must have function.name and function.arguments")
     args = fn.get("arguments", "{}")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise ConstraintError(f"tool call {fn['name']!r}: arguments is not valid JSON") from None
+    what = f"tool call {fn['name'][:64]!r}: arguments"
+    try:
+        if isinstance(args, str):
+            args = loads_json(args, what) if args.strip() else {}
+        else:
+            check_json_depth(args, what)
+    except JSONDepthError as e:
+        raise ConstraintError(str(e)) from None
+    except ValueError:
+        raise ConstraintError(f"{what} is not valid JSON") from None
     return f"{TOOL_OPEN}\n{json.dumps({'name': fn['name'], 'arguments': args}, ensure_ascii=False)}\n{TOOL_CLOSE}"
 
 

@@ -2,7 +2,7 @@
 """Throw hostile inputs at edgespec as a user, an app developer and a hostile file would, and count what held.
 
     .venv/bin/python scripts/hostile_sweep.py                 # all categories (a few minutes on 2 cores)
-    .venv/bin/python scripts/hostile_sweep.py --only api cli  # some of them (limits, resume, cachefiles, serve: issue 20)
+    .venv/bin/python scripts/hostile_sweep.py --only api cli  # some of them (limits, resume, cachefiles, serve: issue 20; input: issue 37)
     .venv/bin/python scripts/hostile_sweep.py --json-out /tmp/sweep.json
 
 "Held" means: the CLI exits 0 for valid input, or 1/2 with at most two lines on stderr (the message, maybe a stats
@@ -591,32 +591,38 @@ def run_cachefiles(s: Sweep, tiny: dict[str, Path]) -> None:
         s.cli("cachefiles", f"lock is {kind} (models verify)", ["models", "verify"], env=env, ok=True, timeout=60)
 
 
+def _start_serve(s: Sweep, t: str, *extra: str) -> tuple[subprocess.Popen, int] | None:
+    """`edgespec serve` on the tiny target, on a free port: (the process, its port) once /health answers 200."""
+    import urllib.request
+
+    p = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--target", t, "--no-draft", "--ctx", "256", "--threads", "1",
+                          "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s.env)
+    assert p.stderr is not None
+    line = p.stderr.readline().decode()
+    if "listening on http://" not in line:
+        p.kill()
+        return None
+    port = int(line.split("listening on http://")[1].split()[0].rsplit(":", 1)[1])
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return p, port
+        except Exception:  # noqa: BLE001
+            time.sleep(0.1)
+    p.kill()
+    return None
+
+
 def run_serve(s: Sweep, tiny: dict[str, Path]) -> None:
     """The server as a process: a non-ASCII API key (item 7), a connection that never finishes its headers, two
     Ctrl-Cs (item 5)."""
     import socket
-    import urllib.request
 
     t = str(tiny["target"])
 
     def start(*extra: str) -> tuple[subprocess.Popen, int] | None:
-        p = subprocess.Popen([sys.executable, "-m", "edgespec", "serve", "--target", t, "--no-draft", "--ctx", "256", "--threads", "1",
-                              "--port", "0", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=s.env)
-        assert p.stderr is not None
-        line = p.stderr.readline().decode()
-        if "listening on http://" not in line:
-            p.kill()
-            return None
-        port = int(line.split("listening on http://")[1].split()[0].rsplit(":", 1)[1])
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return p, port
-            except Exception:  # noqa: BLE001
-                time.sleep(0.1)
-        p.kill()
-        return None
+        return _start_serve(s, t, *extra)
 
     def stop(p: subprocess.Popen, sigs: int) -> tuple[int, str]:
         for _ in range(sigs):
@@ -663,9 +669,94 @@ def run_serve(s: Sweep, tiny: dict[str, Path]) -> None:
         s.cli("serve", f"--api-key {bad!r} refused at start", ["serve", "--target", t, "--port", "0", "--api-key", bad], timeout=60)
 
 
+def run_input(s: Sweep, tiny: dict[str, Path]) -> None:
+    """Issue 37 item 4: JSON nested deep, lone surrogates, control characters in unknown keys, FIFOs and large files
+    for the file options, 100,000 choices; over HTTP each must be a 4xx that arrives, with no traceback logged."""
+    import urllib.error
+    import urllib.request
+
+    from edgespec.constraint import Constraint
+    from edgespec.structured import tool_messages
+
+    deep: Any = {"type": "integer"}
+    for _ in range(600):
+        deep = {"type": "array", "items": deep}
+    deep_args = "[" * 5000 + "]" * 5000
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep_args}}
+    s.api("input", "API schema nested 600 deep", lambda: Constraint.json_schema(deep))
+    s.api("input", "API schema text nested 5000 deep", lambda: Constraint.json_schema("[" * 5000 + "]" * 5000))
+    s.api("input", "API regex with a lone surrogate", lambda: Constraint.regex("\udcff+"))
+    s.api("input", "API grammar with a lone surrogate", lambda: Constraint.grammar('start: "\ud800"'))
+    s.api("input", "API 100,000 choices", lambda: Constraint.choice([f"o{i}" for i in range(100_000)]))
+    s.api("input", "API tool call arguments nested 5000 deep", lambda: tool_messages([{"role": "assistant", "content": "", "tool_calls": [call]}], []))
+    base = ["generate", "hi", "--target", "/nonexistent.gguf"]
+    f_deep = s.work / "deep.json"
+    f_deep.write_text(json.dumps(deep))
+    fifo = s.work / "schema.fifo"
+    os.mkfifo(fifo)
+    big = s.work / "big.json"
+    big.write_text(json.dumps({"type": "object", "description": "d" * (5 * 10**6)}))
+    s.cli("input", "--json-schema nested 600 deep", base + ["--json-schema", str(f_deep)])
+    s.cli("input", "--regex $'\\xff+'", base + ["--regex", os.fsdecode(b"\xff+")])
+    s.cli("input", "--choice 20,000 options", base + ["--choice", ",".join(str(i) for i in range(20_000))], timeout=30)  # argv: 128 KiB
+    s.cli("input", "--json-schema FIFO", base + ["--json-schema", str(fifo)], timeout=30)
+    s.cli("input", "--grammar FIFO", base + ["--grammar", str(fifo)], timeout=30)
+    s.cli("input", "--json-schema 5 MB valid schema (not called invalid JSON)", base + ["--json-schema", str(big)])
+    started = _start_serve(s, str(tiny["target"]))
+    if started is None:
+        s.record("input", "serve starts", False, "did not start")
+        return
+    p, port = started
+
+    def post(path: str, body: Any) -> tuple[int, str]:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode("utf-8", "replace")
+        except Exception as e:  # noqa: BLE001 - no response at all
+            return -1, f"{type(e).__name__}: {e}"
+
+    msg = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    for name, path, body in (
+        ("chat response_format schema 600 deep", "/v1/chat/completions",
+         {"messages": msg, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}}),
+        ("chat tool call arguments 5000 deep", "/v1/chat/completions", {"messages": msg + [{"role": "assistant", "content": "", "tool_calls": [call]}],
+                                                                        "tools": tools, "max_tokens": 2}),
+        ("responses function_call arguments 5000 deep", "/v1/responses",
+         {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": deep_args}], "max_output_tokens": 16}),
+        ("/api/chat tool call arguments 5000 deep", "/api/chat", {"model": "m", "stream": False, "tools": tools,
+                                                                  "messages": msg + [{"role": "assistant", "content": "", "tool_calls": [call]}]}),
+        ("/apply-template tool call arguments 5000 deep", "/apply-template",
+         {"messages": msg + [{"role": "assistant", "content": "", "tool_calls": [call]}], "tools": tools}),
+        ("grammar with a lone surrogate", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "grammar": "root ::= \\"\\udcff\\""}'),
+        ("regex-like grammar with a lone surrogate", "/completion", '{"prompt": "hi", "grammar": "start: /a\\ud800/"}'),
+        ("70,000 alternatives in a grammar", "/completion",
+         {"prompt": "hi", "n_predict": 2, "grammar": "start: " + " | ".join(f'"w{i}"' for i in range(70_000))}),
+    ):
+        code, text = post(path, body)
+        s.record("input", f"HTTP {name}", 400 <= code < 500 and "backtrace" not in text, f"{code}: {text[:200]}")
+    for key in ("a\x00b", "x\r\ny", "\n"):
+        for path, body in (("/v1/chat/completions", {"messages": msg, "max_tokens": 2}), ("/tokenize", {"content": "hi"}),
+                           ("/api/generate", {"model": "m", "prompt": "hi", "stream": False, "options": {"num_predict": 2}})):
+            code, text = post(path, {**body, key: 1})
+            s.record("input", f"HTTP unknown key {key!r} on {path}", code == 200, f"{code}: {text[:200]}")
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    log = err.decode("utf-8", "replace")
+    s.record("input", "no traceback in the server log", "Traceback" not in log, log[-300:])
+
+
 CATEGORIES = {"cli": run_cli_values, "io": run_io, "env": run_env, "files": run_files, "caches": run_caches,
               "templates": run_templates, "api": run_api, "signals": run_signals, "limits": run_limits, "resume": run_resume,
-              "cachefiles": run_cachefiles, "serve": run_serve}
+              "cachefiles": run_cachefiles, "serve": run_serve, "input": run_input}
 
 
 def main() -> int:

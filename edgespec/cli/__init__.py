@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from .. import __version__
+from ..config import max_json_depth
 from ..errors import EdgespecError
 
 
@@ -51,6 +52,7 @@ class Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
+            max_json_depth()  # a bad EDGESPEC_MAX_JSON_DEPTH: one line now, not a puzzling error per request later
             return super().invoke(ctx)
         except EdgespecError as e:
             raise click.ClickException(str(e)) from None

@@ -5,9 +5,9 @@ import it without import cycles."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
-import stat
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +17,7 @@ import click
 
 from ..config import MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig
 from ..errors import EdgespecError
+from ..fsutil import read_regular_bytes
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
@@ -199,15 +200,14 @@ def _corpus_files(path: str) -> list[Path]:
 def _read_corpus_file(f: Path) -> str:
     """A corpus file's text: a regular file of at most CORPUS_MAX_FILE bytes, else one clear error."""
     try:
-        if not stat.S_ISREG(os.stat(f).st_mode):  # before opening: opening a FIFO would wait for a writer
-            raise EdgespecError(f"the lookup corpus {f} is not a regular file")
-        with open(f, "rb") as fh:
-            data = fh.read(CORPUS_MAX_FILE + 1)
+        data = read_regular_bytes(f, CORPUS_MAX_FILE)  # a FIFO is refused before any read: nothing waits for a writer
     except OSError as e:
+        if e.errno == errno.EFBIG:
+            raise EdgespecError(f"the lookup corpus {f} is larger than {CORPUS_MAX_FILE // 2**20} MiB; "
+                                "split it, or point at its folder (larger files there are skipped)") from None
+        if e.errno == errno.EINVAL and e.strerror == "not a regular file":
+            raise EdgespecError(f"the lookup corpus {f} is not a regular file") from None
         raise EdgespecError(f"cannot read the lookup corpus {f}: {e.strerror or e}") from None
-    if len(data) > CORPUS_MAX_FILE:
-        raise EdgespecError(f"the lookup corpus {f} is larger than {CORPUS_MAX_FILE // 2**20} MiB; "
-                            "split it, or point at its folder (larger files there are skipped)")
     return data.decode("utf-8", "replace")
 
 

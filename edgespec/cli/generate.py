@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import click
 
 from ..constraint import Constraint
+from ..fsutil import read_regular_bytes
 from .common import print_generation, load_engine, make_sampling, model_options, read_stdin_text, sampling_options
+
+
+MAX_CONSTRAINT_FILE = 16 * 2**20  # a --json-schema or --grammar file (a real 5 MB schema fits)
 
 
 @click.command()
@@ -20,12 +25,13 @@ from .common import print_generation, load_engine, make_sampling, model_options,
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help='Print one JSON object {"text", "token_ids", "finish_reason", "stats"}.')
 @click.option("--json-schema", "json_schema", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Constrain the output to JSON valid for this JSON Schema file.")
+              help=f"Constrain the output to JSON valid for this JSON Schema file (at most {MAX_CONSTRAINT_FILE // 2**20} MiB).")
 @click.option("--json-object", is_flag=True, help="Constrain the output to one JSON object.")
 @click.option("--regex", default=None, metavar="REGEX", help="Constrain the output to match this regular expression.")
 @click.option("--choice", default=None, metavar="A,B,C", help="Constrain the output to one of these comma-separated strings.")
 @click.option("--grammar", type=click.Path(dir_okay=False), metavar="FILE",
-              help="Constrain the output to this grammar (Lark as llguidance reads it, or llama.cpp GBNF).")
+              help="Constrain the output to this grammar file (Lark as llguidance reads it, or llama.cpp GBNF; at most "
+                   f"{MAX_CONSTRAINT_FILE // 2**20} MiB).")
 def generate(prompt: str | None, **kw: Any) -> None:
     """Generate text for PROMPT (or '-' / nothing to read it from stdin).
 
@@ -56,11 +62,19 @@ def generate(prompt: str | None, **kw: Any) -> None:
 
 
 def _read(path: str, what: str) -> str:
+    """A constraint file's text, whole: a regular file (a FIFO or a device is refused before any read, so nothing
+    waits for a writer) of at most MAX_CONSTRAINT_FILE bytes of UTF-8; else one clear line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read(1 << 22)
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.UsageError(f"cannot read the {what} file {path}: {getattr(e, 'strerror', None) or e}") from None
+        data = read_regular_bytes(path, MAX_CONSTRAINT_FILE)
+    except OSError as e:
+        why = e.strerror or str(e)
+        if e.errno == errno.EFBIG:
+            why = f"larger than {MAX_CONSTRAINT_FILE // 2**20} MiB (the limit)"
+        raise click.UsageError(f"cannot read the {what} file {path}: {why}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"cannot read the {what} file {path}: not UTF-8 text (byte {e.start})") from None
 
 
 def _constraint(kw: dict[str, Any]) -> Constraint | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import http.client
-import json
 import os
 import re
 import socket
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgespec.errors import ModelsError
+from edgespec.untrusted import loads as loads_json
 
 from .manifest import Part
 
@@ -112,7 +112,7 @@ def _index_files(base: str, package: str) -> list[IndexFile]:
     text = body.decode("utf-8", "replace")
     if "json" in ctype or text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            data = loads_json(text, "the index page")  # a JSONDepthError (a ValueError), never a RecursionError
             files = data["files"]
         except (ValueError, KeyError, TypeError):
             raise ModelsError(f"the index answered {url} with something that is not a PEP 691 JSON page") from None

@@ -327,7 +327,7 @@ async def _generate(
     try:
         if body is None:
             body = await read_json(request, state.settings.max_body_bytes)
-        req = parse(body)
+        req = await anyio.to_thread.run_sync(parse, body)  # a large grammar or schema compiles for seconds: not on the loop
         spec_kw = state.spec_kwargs(req)
     except APIError:
         state.metrics.rejected["invalid"] += 1

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from typing import TYPE_CHECKING, Any, Mapping
@@ -28,15 +29,28 @@ IGNORED_HEADER = "X-Edgespec-Ignored-Params"
 _logged_ignored: set[str] = set()  # parameter names already logged as ignored (once per name per process)
 
 
+_MAX_LOGGED_IGNORED = 1024  # names remembered as logged (a client inventing new keys must not grow memory forever)
+_NOT_HEADER_SAFE = re.compile(r"[^\x21-\x7e]")  # visible ASCII only: no space, CR, LF, NUL or other control
+
+
+def header_safe(name: str) -> str:
+    """A parameter name as it may appear in a header value (and a log line): visible ASCII only (any other character,
+    a CR, LF or NUL included, becomes "?"), at most 64 characters. A header value is never built from raw client
+    text: h11 refuses a CR or LF in one and the client would get no response at all."""
+    return _NOT_HEADER_SAFE.sub("?", name[:64])
+
+
 def ignored_headers(ignored: tuple[str, ...] | list[str]) -> dict[str, str]:
     """The response header that lists the request keys this server did not read; each name is also logged once."""
     if not ignored:
         return {}
-    new = [k for k in ignored if k not in _logged_ignored]
+    names = [header_safe(k) for k in ignored]
+    new = [k for k in names if k not in _logged_ignored]
     if new:
-        _logged_ignored.update(new)
+        if len(_logged_ignored) < _MAX_LOGGED_IGNORED:
+            _logged_ignored.update(new)
         log.warning("ignored request parameter(s): %s (listed in the %s response header)", ", ".join(new), IGNORED_HEADER)
-    return {IGNORED_HEADER: ", ".join(k.encode("ascii", "replace").decode()[:64] for k in ignored)}
+    return {IGNORED_HEADER: ", ".join(names)}
 
 
 def usage(stats: Any) -> dict[str, Any]:
@@ -422,4 +436,5 @@ def error_response(e: APIError) -> Response:
 
 
 
-__all__ = ["GenerationResponse", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]
+__all__ = ["GenerationResponse", "header_safe", "ignored_headers",
+           "IGNORED_HEADER", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]

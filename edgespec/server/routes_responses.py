@@ -18,6 +18,7 @@ response's `instructions` are not carried over.
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections import OrderedDict
@@ -34,6 +35,9 @@ from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ign
 from .schema import APIError, CompletionRequest, bad, unsupported
 
 STORE_SIZE = 256  # responses kept for previous_response_id
+STORE_BYTES = 64 * 2**20  # and at most this much of them (their JSON)
+# OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 # Keys read here; the parameters OpenAI defines that do not change the answer are accepted and reported ignored.
 KNOWN = frozenset({"model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p",
@@ -52,22 +56,42 @@ class Stored:
 
 
 class ResponseStore:
-    """The last STORE_SIZE stored responses (thread-safe)."""
+    """The last `size` stored responses, at most `max_bytes` of them in all (their JSON: the response object and the
+    conversation kept with it); the oldest go first, and one larger than max_bytes on its own is not kept. Thread-safe."""
 
-    def __init__(self, size: int = STORE_SIZE) -> None:
+    def __init__(self, size: int = STORE_SIZE, max_bytes: int = STORE_BYTES) -> None:
         self.size = size
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.n_bytes = 0
+        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, rid: str, item: Stored) -> None:
+        n = _json_size([item.messages, item.body])
         with self._lock:
-            self._items[rid] = item
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            old = self._items.pop(rid, None)
+            if old is not None:
+                self.n_bytes -= old[1]
+            if n > self.max_bytes:
+                return
+            self._items[rid] = (item, n)
+            self.n_bytes += n
+            while len(self._items) > self.size or self.n_bytes > self.max_bytes:
+                self.n_bytes -= self._items.popitem(last=False)[1][1]
 
     def get(self, rid: str) -> Stored | None:
         with self._lock:
-            return self._items.get(rid)
+            kept = self._items.get(rid)
+            return kept[0] if kept is not None else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def _json_size(obj: Any) -> int:
+    """The bytes `obj` takes as JSON (UTF-8 counted as characters: a bound close enough for a memory budget)."""
+    return len(json.dumps(obj, ensure_ascii=False, default=str))
 
 
 def _store(state: Any) -> ResponseStore:
@@ -220,12 +244,31 @@ def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict
         raise bad("store", "store must be true or false")
     ri = ResponsesInput(
         messages=history + new, instructions=instructions, previous_response_id=body.get("previous_response_id"),
-        max_output_tokens=body.get("max_output_tokens"), store=store, metadata=body.get("metadata") or {},
+        max_output_tokens=body.get("max_output_tokens"), store=store, metadata=_metadata(body.get("metadata")),
         echo={"parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice", "auto"),
               "tools": body.get("tools") or [], "text": text or {"format": {"type": "text"}},
               "truncation": body.get("truncation") or "disabled", "user": body.get("user")},
     )
     return chat, ri
+
+
+def _metadata(v: Any) -> dict[str, str]:
+    """`metadata` checked as OpenAI checks it (an object of at most 16 string pairs; keys up to 64 characters, values
+    up to 512): it is echoed back and stored with the response."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad("metadata", "metadata must be an object of string keys and string values")
+    if len(v) > METADATA_PAIRS:
+        raise bad("metadata", f"metadata has {len(v)} pairs; at most {METADATA_PAIRS}")
+    for k, val in v.items():
+        if len(k) > METADATA_KEY_CHARS:
+            raise bad("metadata", f"metadata keys are at most {METADATA_KEY_CHARS} characters, got one of {len(k)}")
+        if not isinstance(val, str):
+            raise bad("metadata", f"metadata values must be strings (the value of {k[:64]!r} is not)")
+        if len(val) > METADATA_VALUE_CHARS:
+            raise bad("metadata", f"metadata values are at most {METADATA_VALUE_CHARS} characters, got one of {len(val)}")
+    return dict(v)
 
 
 def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> tuple[CompletionRequest, ResponsesInput]:
@@ -237,7 +280,8 @@ def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> tuple[Comp
         previous = store.get(prev_id)
         if previous is None:
             raise APIError(404, f"Previous response with id '{prev_id}' not found (this server keeps the last {store.size} "
-                                "stored responses, in memory)", param="previous_response_id", code="previous_response_not_found")
+                                f"stored responses, at most {store.max_bytes // 2**20} MiB of them, in memory)",
+                           param="previous_response_id", code="previous_response_not_found")
     chat, ri = to_chat_body(body, previous)
     try:
         req = schema.parse_chat(chat)

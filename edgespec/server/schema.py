@@ -23,6 +23,7 @@ from ..config import MAX_SEED, SamplingParams
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..infill import ExtraChunk
+from ..untrusted import JSONDepthError, loads as loads_json
 from .samplers import ChainError, apply_chain, parse_names
 from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_messages
 
@@ -98,9 +99,9 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"{name} is not valid JSON")
 
     try:
-        body = json.loads(text, parse_constant=no_constants)
-    except RecursionError:
-        raise bad(None, "the request body is nested too deeply") from None
+        body = loads_json(text, "the request body", parse_constant=no_constants)
+    except JSONDepthError as e:
+        raise bad(None, str(e), code="json_too_deep") from None
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         raise bad(None, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
