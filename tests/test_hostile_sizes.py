@@ -87,3 +87,57 @@ def test_vocabulary_calls_run_together_and_close_waits_for_one_piece(tmp_path):
     th.join(10)
     assert not th.is_alive() and len(errors) == 1
     assert time.perf_counter() - t0 < 10
+
+
+# --------------------------------------------------------------------------------------------- item 6: conversations
+def test_resuming_many_short_messages_renders_log_n_times(tiny, tmp_path, monkeypatch):
+    """2,000 short messages that do not fit: the first turn finds what to drop in O(log n) renderings (each
+    count in turn: 193 s), and drops what the one-by-one search dropped (the fewest turns that leave half the room)."""
+    import json
+
+    from edgespec.chat import FILE_FORMAT, FILE_VERSION, ChatSession
+    from edgespec.config import SamplingParams
+    from edgespec.engine import Engine
+
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(2000)]
+    p = tmp_path / "long.json"
+    p.write_text(json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION, "system": "", "messages": msgs}))
+    with Engine.load(ModelSpec(str(tiny["target"]), n_ctx=512, n_threads=1), calibrate_costs=False, memory=False) as eng:
+        s = ChatSession.load(eng, p)
+        s.sampling, s.max_tokens = SamplingParams(temperature=0, seed=1), 4
+        calls = []
+        full = s._full
+        monkeypatch.setattr(s, "_full", lambda m, system=True: calls.append(len(m)) or full(m, system))
+        t0 = time.perf_counter()
+        turn = s.send("last")
+        turn.result()
+        assert time.perf_counter() - t0 < 30
+        assert len(calls) < 20
+        room = s.n_ctx - s.reserve
+        kept = s.messages[:-1] if s.messages[-1]["role"] == "assistant" else s.messages
+        assert len(turn.prompt_tokens) <= room // 2
+        # one more turn kept would not leave half the room
+        i = len(msgs) - len(kept) + 1  # index of the newest dropped user message (kept starts after it)
+        more = msgs[i - 2:] + [{"role": "user", "content": "last"}]
+        assert len(full(more)[0]) > room // 2
+
+
+def test_a_conversation_saved_with_a_bigger_vocabulary_loads_with_a_note(tiny, tmp_path):
+    """Ids beyond this vocabulary, saved for another one: the messages load, the cache is rebuilt, a note says so."""
+    import json
+
+    from edgespec.chat import ChatSession
+    from edgespec.config import SamplingParams
+    from edgespec.engine import Engine
+
+    with Engine.load(ModelSpec(str(tiny["mismatch_size"]), n_ctx=256, n_threads=1), calibrate_costs=False, memory=False) as big:
+        s = ChatSession(big, sampling=SamplingParams(temperature=0, seed=1), max_tokens=4)
+        s.send("hello").result()
+        s.tokens = s.tokens + [big.target.n_vocab - 1]  # an id only the bigger vocabulary has
+        path = s.save(tmp_path / "big.json")
+    assert max(json.loads(path.read_text())["cache"]["tokens"]) >= 263
+    with Engine.load(ModelSpec(str(tiny["target"]), n_ctx=256, n_threads=1), calibrate_costs=False, memory=False) as small:
+        r = ChatSession.load(small, path)
+        assert r.tokens == [] and [m["content"] for m in r.messages][:1] == ["hello"]
+        assert any("another vocabulary" in n for n in r.notes)
+        assert r.send("again").result().stats.n_generated > 0
