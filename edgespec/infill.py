@@ -23,6 +23,7 @@ from typing import Sequence
 
 REPO_NAME = "myproject"  # llama.cpp's placeholder repository name
 FILE_NAME = "filename"  # llama.cpp's placeholder name for the file being edited
+MAX_EXTRA_CHUNKS = 1024  # extra context chunks a prompt may have (editor plugins send tens; 1M one-byte chunks took 141 s)
 
 
 @dataclass(frozen=True)
@@ -104,4 +105,4 @@ def fim_layout(
     return out
 
 
-__all__ = ["FimTokens", "ExtraChunk", "fim_layout", "REPO_NAME", "FILE_NAME"]
+__all__ = ["FimTokens", "ExtraChunk", "fim_layout", "REPO_NAME", "FILE_NAME", "MAX_EXTRA_CHUNKS"]

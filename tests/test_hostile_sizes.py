@@ -141,3 +141,70 @@ def test_a_conversation_saved_with_a_bigger_vocabulary_loads_with_a_note(tiny, t
         assert r.tokens == [] and [m["content"] for m in r.messages][:1] == ["hello"]
         assert any("another vocabulary" in n for n in r.notes)
         assert r.send("again").result().stats.n_generated > 0
+
+
+# --------------------------------------------------------------------------------------------- item 5: text limits
+@pytest.fixture(scope="module")
+def fim_engine(tmp_path_factory):
+    from edgespec.engine import Engine
+    from edgespec.tiny import write_tiny_fim_pair
+
+    files = write_tiny_fim_pair(tmp_path_factory.mktemp("fimpair"))
+    with Engine.load(ModelSpec(str(files["target"]), n_ctx=512, n_threads=1), calibrate_costs=False, memory=False) as eng:
+        yield eng
+
+
+def _reference_layout(eng, prefix, suffix, extra, reserve):
+    """infill_tokens as it was: every text tokenized whole, the layout cuts."""
+    from edgespec.infill import FILE_NAME, REPO_NAME, fim_layout
+
+    def tok(t):
+        return eng.target.tokenize(t, parse_special=False) if t else []
+
+    return fim_layout(eng.fim_tokens(), tok(prefix), tok(suffix), extra=[(tok(f + "\n"), tok(t)) for f, t in extra],
+                      repo=tok(REPO_NAME + "\n"), current_file=tok(FILE_NAME + "\n"),
+                      bos=eng.target.bos if eng.target.add_bos and eng.target.bos >= 0 else None,
+                      budget=max(4, eng.target.n_ctx - reserve))
+
+
+def test_infill_tokenizes_only_what_the_context_can_keep(fim_engine):
+    """Long prefixes, suffixes and many extra chunks give the ids of tokenizing everything and cutting after, and a
+    27 MB suffix costs what a short one does."""
+    eng = fim_engine
+    rng = random.Random(3)
+    lines = ["x = 1\n", "def f(a, b):\n", "    return a + b\n", "# the end\n", "\n"]
+    prefix = "".join(rng.choice(lines) for _ in range(20_000))
+    suffix = "".join(rng.choice(lines) for _ in range(20_000))
+    extra = [(f"f{i}.py", "".join(rng.choice(lines) for _ in range(rng.randint(0, 30)))) for i in range(900)]
+    for pre, suf, ext, reserve in ((prefix, suffix, extra, 64), (prefix[:300], suffix[:200], extra[-3:], 64),
+                                   ("", suffix, [], 400), (prefix, "", extra[:2], 0)):
+        assert eng.infill_tokens(pre, suf, extra=ext, reserve=reserve) == _reference_layout(eng, pre, suf, ext, reserve)
+    t0 = time.perf_counter()
+    toks = eng.infill_tokens("def f():\n", "x = 1\n" * 4_500_000, reserve=64)
+    assert time.perf_counter() - t0 < 10 and len(toks) == eng.target.n_ctx - 64
+
+
+def test_too_many_extra_chunks_are_refused(fim_engine):
+    from edgespec.errors import ConfigError
+    from edgespec.infill import MAX_EXTRA_CHUNKS
+
+    with pytest.raises(ConfigError, match=f"at most {MAX_EXTRA_CHUNKS}"):
+        fim_engine.infill_tokens("a", "b", extra=["x"] * (MAX_EXTRA_CHUNKS + 1))
+    assert fim_engine.infill_tokens("a", "b", extra=["x"] * MAX_EXTRA_CHUNKS)
+
+
+def test_tokenize_route_bounds_its_content(fim_engine):
+    from starlette.testclient import TestClient
+
+    from edgespec.server import create_app
+    from edgespec.server.routes_llamacpp import TOKENIZE_MAX_BYTES, TOKENIZE_PIECES_MAX_BYTES
+
+    with TestClient(create_app(fim_engine), base_url="http://127.0.0.1") as c:
+        r = c.post("/tokenize", json={"content": "<|im_end|>" * 200_000})
+        assert r.status_code == 200 and len(r.json()["tokens"]) == 200_000
+        r = c.post("/tokenize", json={"content": "a" * (TOKENIZE_MAX_BYTES + 1)})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "content"
+        r = c.post("/tokenize", json={"content": "é" * (TOKENIZE_PIECES_MAX_BYTES // 2 + 1), "with_pieces": True})
+        assert r.status_code == 400 and "with_pieces" in r.json()["error"]["message"]
+        r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": "x"}] * 2000})
+        assert r.status_code == 400 and "at most" in r.json()["error"]["message"]
