@@ -148,41 +148,40 @@ class SpecialSplitter:
 
 
 class _VocabUse:
-    """Vocabulary calls (any number at once, from any thread: llama.cpp's tokenizer is read-only) against `close`,
-    which waits for the calls in progress and lets no new one start."""
+    """Vocabulary calls (any number at once, from any thread: llama.cpp's tokenizer is read-only) against the
+    model's release: `release_when_idle` frees at once when no call is in progress, else after a short wait, else
+    when the last call in progress returns (the owner has marked the model closed first, so no new call starts)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._users = 0
-        self._closing = False
+        self._pending: Callable[[], None] | None = None
 
     @contextlib.contextmanager
     def use(self) -> Iterator[None]:
         with self._cond:
-            while self._closing:
-                self._cond.wait()
             self._users += 1
         try:
             yield
         finally:
             with self._cond:
                 self._users -= 1
+                run, self._pending = (self._pending, None) if self._users == 0 else (None, self._pending)
                 self._cond.notify_all()
+            if run is not None:
+                run()
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def release_when_idle(self, free: Callable[[], None], wait: float) -> bool:
+        """free() now if no call is in progress within `wait` seconds (True), else when the last one ends (False)."""
+        deadline = time.monotonic() + wait
         with self._cond:
-            while self._closing:
-                self._cond.wait()
-            self._closing = True
-            while self._users:
-                self._cond.wait()
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._closing = False
-                self._cond.notify_all()
+            while self._users and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            if self._users:
+                self._pending = free
+                return False
+        free()
+        return True
 
 
 def _bad_row(r: int, n: int) -> int:
@@ -203,6 +202,7 @@ class Model:
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()
+        self._closing = False
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
@@ -332,10 +332,10 @@ class Model:
 
     @property
     def closed(self) -> bool:
-        return self._ctx is None
+        return self._ctx is None or self._closing
 
     def _live(self) -> None:
-        if self._ctx is None:
+        if self._ctx is None or self._closing:
             raise EngineClosedError(f"{os.path.basename(self.spec.path)}: the model was closed")
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
@@ -671,9 +671,21 @@ class Model:
         return True
 
     # ----------------------------------------------------------------- lifetime
+    CLOSE_WAIT = 2.0  # seconds close() waits for vocabulary calls in progress before leaving the release to them
+
     def close(self) -> None:
+        """Free the model. Vocabulary calls in progress on other threads (a long tokenization is at most one piece
+        of one, but a plain text is one llama.cpp call) get CLOSE_WAIT seconds; past that close() returns and the
+        last of them frees the model as it ends. No call starts after close()."""
+        self._closing = True
         use = self.__dict__.get("_vocab_use")
-        with use.exclusive() if use is not None else contextlib.nullcontext():
+        if use is None:
+            self._free()
+        else:
+            use.release_when_idle(self._free, self.CLOSE_WAIT)
+
+    def _free(self) -> None:
+        with _INIT_LOCK:  # close() from two threads at once frees once
             if self._batch is not None:
                 C.llama_batch_free(self._batch)
                 self._batch = None

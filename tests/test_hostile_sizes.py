@@ -208,3 +208,21 @@ def test_tokenize_route_bounds_its_content(fim_engine):
         assert r.status_code == 400 and "with_pieces" in r.json()["error"]["message"]
         r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "input_extra": [{"text": "x"}] * 2000})
         assert r.status_code == 400 and "at most" in r.json()["error"]["message"]
+
+
+def test_close_leaves_the_release_to_a_long_call_in_progress(tmp_path, monkeypatch):
+    """One llama.cpp call on a long plain text: close() returns after CLOSE_WAIT, no call starts after it, and the
+    model is freed when the call ends."""
+    monkeypatch.setattr(Model, "CLOSE_WAIT", 0.1)
+    m = Model(ModelSpec(str(write_tiny_model(tmp_path / "t.gguf")), n_ctx=64, n_batch=16, n_threads=1))
+    got: list[int] = []
+    th = threading.Thread(target=lambda: got.extend(m.tokenize("hello world " * 1_000_000)))
+    th.start()
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    m.close()
+    assert time.perf_counter() - t0 < 2 and m.closed and m._ctx is not None  # still in use: not freed yet
+    with pytest.raises(EngineClosedError):
+        m.tokenize("hi")
+    th.join(60)
+    assert len(got) > 1_000_000 and m._ctx is None and m._model is None

@@ -172,7 +172,7 @@ def serve(**kw: Any) -> None:
             if getattr(self, "lifespan", None) is not None:
                 await self.lifespan.shutdown()
 
-    config = uvicorn.Config(app, http=_header_timeout_protocol(header_timeout), log_level=log_level,
+    config = uvicorn.Config(_ended_quietly(app), http=_header_timeout_protocol(header_timeout), log_level=log_level,
                             timeout_graceful_shutdown=3, lifespan="on", access_log=log_level == "debug")
     server = Server(config)
     try:
@@ -185,3 +185,30 @@ def serve(**kw: Any) -> None:
         raise EdgespecError(str(e) if isinstance(e, EdgespecError) else f"the model failed to load: {type(e).__name__}: {e}")
     if not server.started:
         sys.exit(1)
+
+
+def _ended_quietly(app: Any) -> Any:
+    """The app, where a request still running when uvicorn's graceful shutdown gives up on it (one waiting for a
+    long tokenization in a worker thread) ends with a 503 (or its stream's end) instead of a logged traceback."""
+    from ..server.responses import error_response
+    from ..server.schema import APIError
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope.get("type") != "http" or not app.state.edgespec.closing:
+                raise
+            if not started:
+                await error_response(APIError(503, "the server is shutting down", code="shutting_down"))(scope, receive, send)
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return wrapped
