@@ -177,6 +177,11 @@ def serve(**kw: Any) -> None:
     server = Server(config)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raised the Ctrl-C again after its shutdown
+        sock.close()
+        app.state.edgespec.shutdown()
+        _leave_busy_threads(130, "\ninterrupted")
+        raise
     finally:
         sock.close()
         app.state.edgespec.shutdown()  # idempotent: whatever way the server stopped, generations end and memory is saved
@@ -212,3 +217,21 @@ def _ended_quietly(app: Any) -> Any:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     return wrapped
+
+
+def _leave_busy_threads(code: int, line: str, wait: float = 1.0) -> None:
+    """Python waits at exit for every worker thread; one still inside a llama.cpp call (a long tokenization) would
+    hold the exit for as long as that call runs. Past `wait` seconds, exit now with `code` (what was written is
+    flushed; the shutdown has run)."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + wait
+    for th in threading.enumerate():
+        if th is not threading.current_thread() and not th.daemon:
+            th.join(max(0.0, deadline - time.monotonic()))
+    if any(th.is_alive() and not th.daemon and th is not threading.current_thread() for th in threading.enumerate()):
+        click.echo(line, err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
