@@ -336,28 +336,38 @@ class Engine:
         chunks = [_extra_chunk(c, i) for i, c in enumerate(extra)]
         _check_int("reserve", reserve, 0)
         budget = max(4, self.target.n_ctx - reserve)
-        # Nothing far past what the budget keeps is tokenized (a 27 MB suffix was ~7M ids, 1-2 GiB): each text is
-        # clipped to twice the characters `budget` tokens can stand for, at a line start, from the end the layout
-        # drops; extra chunks are tokenized from the cursor's side until they alone fill the budget (the layout
-        # drops the farther ones whole, so the ids are the same as with every chunk).
-        cap = 2 * (budget + 8) * self.max_token_bytes()
+        # Nothing far past what the budget keeps is tokenized (a 27 MB suffix was ~7M ids, 1-2 GiB): a long text is
+        # clipped at a line start, from the end the layout drops, to a part that has twice the tokens the budget
+        # keeps (tried growing: the most bytes a token stands for bounds the last try); extra chunks are tokenized
+        # from the cursor's side until they alone fill the budget (the layout drops the farther ones whole).
+        need = 2 * (budget + 8)
+        most = need * self.max_token_bytes()
 
         def tok(text: str) -> list[int]:
             return self.target.tokenize(text, parse_special=False) if text else []
+
+        def clipped(text: str, keep_end: bool, want: int = need) -> list[int]:
+            cap = 16 * want
+            while True:
+                part = _clip(text, cap, keep_end=keep_end)
+                ids = tok(part)
+                if len(part) == len(text) or len(ids) >= want or cap >= most:
+                    return ids
+                cap = min(most, 4 * cap)
 
         pairs: list[tuple[list[int], list[int]]] = []
         n_extra = 0
         for c in reversed(chunks):
             if n_extra > budget:
                 break
-            pair = (tok(c.filename[:cap] + "\n"), tok(_clip(c.text, cap, keep_end=True)))
+            pair = (clipped(c.filename + "\n", False), clipped(c.text, True))
             n_extra += (fim.sep is not None) + len(pair[0]) + len(pair[1])
             pairs.append(pair)
         pairs.reverse()
-        typed = _clip(prompt, cap, keep_end=True)
-        before = _clip(prefix, max(0, cap - len(typed)), keep_end=True) if len(typed) < cap else ""
+        typed = clipped(prompt, True)
+        before = clipped(prefix, True, need - len(typed)) if len(typed) < need else []
         return fim_layout(
-            fim, tok(before), tok(_clip(suffix, cap, keep_end=False)), prompt=tok(typed),
+            fim, before, clipped(suffix, False), prompt=typed,
             extra=pairs,
             repo=tok(REPO_NAME + "\n"), current_file=tok(FILE_NAME + "\n"),
             bos=self.target.bos if self.target.add_bos and self.target.bos >= 0 else None,

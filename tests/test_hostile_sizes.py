@@ -177,7 +177,7 @@ def test_infill_tokenizes_only_what_the_context_can_keep(fim_engine):
     suffix = "".join(rng.choice(lines) for _ in range(20_000))
     extra = [(f"f{i}.py", "".join(rng.choice(lines) for _ in range(rng.randint(0, 30)))) for i in range(900)]
     for pre, suf, ext, reserve in ((prefix, suffix, extra, 64), (prefix[:300], suffix[:200], extra[-3:], 64),
-                                   ("", suffix, [], 400), (prefix, "", extra[:2], 0)):
+                                   ("", suffix, [], 400), (prefix, "", extra[:2], 0), ("ab " * 100_000, "cd " * 100_000, [], 64)):
         assert eng.infill_tokens(pre, suf, extra=ext, reserve=reserve) == _reference_layout(eng, pre, suf, ext, reserve)
     t0 = time.perf_counter()
     toks = eng.infill_tokens("def f():\n", "x = 1\n" * 4_500_000, reserve=64)
