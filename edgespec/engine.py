@@ -40,7 +40,7 @@ from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, 
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
-from .infill import FILE_NAME, REPO_NAME, ExtraChunk, FimTokens, fim_layout
+from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
 from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, make_speculator, model_draft_used, tree_paths_for
@@ -243,13 +243,17 @@ class Engine:
             self._specials = sorted({self.target.token_bytes(i, special=True).decode("utf-8", "replace") for i in ids} - {""})
         return self._specials
 
+    def max_token_bytes(self) -> int:
+        """The most bytes one token of the target's vocabulary stands for (computed once)."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max((len(t.encode("utf-8", "surrogateescape")) for t in self.target.info.tokens), default=0) or 256
+        return self._max_token_bytes
+
     def check_prompt_size(self, n_bytes: int) -> None:
         """ContextFullError, before any tokenization, for a text that cannot fit in the context whatever its tokens:
         no token of the vocabulary stands for more than max_token_bytes bytes. Bounds the memory a huge prompt takes
         (a 32 MB body would be tens of millions of token ids, a Python int each)."""
-        if self._max_token_bytes is None:
-            self._max_token_bytes = max((len(t.encode("utf-8", "surrogateescape")) for t in self.target.info.tokens), default=0) or 256
-        limit = self.target.n_ctx * self._max_token_bytes
+        limit = self.target.n_ctx * self.max_token_bytes()
         if n_bytes > limit:
             raise ContextFullError(
                 f"the prompt is {n_bytes} bytes: far more than a context of {self.target.n_ctx} tokens holds (no token of "
@@ -327,18 +331,47 @@ class Engine:
         for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
             if not isinstance(v, str):
                 raise ConfigError(f"{name} must be a string, got {type(v).__name__}")
+        if len(extra) > MAX_EXTRA_CHUNKS:
+            raise ConfigError(f"extra has {len(extra)} chunks; at most {MAX_EXTRA_CHUNKS} are taken (send the files nearest the cursor)")
         chunks = [_extra_chunk(c, i) for i, c in enumerate(extra)]
         _check_int("reserve", reserve, 0)
+        budget = max(4, self.target.n_ctx - reserve)
+        # Nothing far past what the budget keeps is tokenized (a 27 MB suffix was ~7M ids, 1-2 GiB): a long text is
+        # clipped at a line start, from the end the layout drops, to a part that has twice the tokens the budget
+        # keeps (tried growing: the most bytes a token stands for bounds the last try); extra chunks are tokenized
+        # from the cursor's side until they alone fill the budget (the layout drops the farther ones whole).
+        need = 2 * (budget + 8)
+        most = need * self.max_token_bytes()
 
         def tok(text: str) -> list[int]:
             return self.target.tokenize(text, parse_special=False) if text else []
 
+        def clipped(text: str, keep_end: bool, want: int = need) -> list[int]:
+            cap = 16 * want
+            while True:
+                part = _clip(text, cap, keep_end=keep_end)
+                ids = tok(part)
+                if len(part) == len(text) or len(ids) >= want or cap >= most:
+                    return ids
+                cap = min(most, 4 * cap)
+
+        pairs: list[tuple[list[int], list[int]]] = []
+        n_extra = 0
+        for c in reversed(chunks):
+            if n_extra > budget:
+                break
+            pair = (clipped(c.filename + "\n", False), clipped(c.text, True))
+            n_extra += (fim.sep is not None) + len(pair[0]) + len(pair[1])
+            pairs.append(pair)
+        pairs.reverse()
+        typed = clipped(prompt, True)
+        before = clipped(prefix, True, need - len(typed)) if len(typed) < need else []
         return fim_layout(
-            fim, tok(prefix), tok(suffix), prompt=tok(prompt),
-            extra=[(tok(c.filename + "\n"), tok(c.text)) for c in chunks],
+            fim, before, clipped(suffix, False), prompt=typed,
+            extra=pairs,
             repo=tok(REPO_NAME + "\n"), current_file=tok(FILE_NAME + "\n"),
             bos=self.target.bos if self.target.add_bos and self.target.bos >= 0 else None,
-            budget=max(4, self.target.n_ctx - reserve),
+            budget=budget,
         )
 
     def infill_stream(
@@ -641,6 +674,21 @@ def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
     if "decodes" in info:
         info["decodes"] = {c: n - before.get(c, 0) for c, n in info["decodes"].items()}
     return info
+
+
+def _clip(text: str, cap: int, *, keep_end: bool) -> str:
+    """`text` within `cap` characters: its end (keep_end) or its start, cut after a newline when one lies in the
+    half of the kept part nearest the cut (a line start splits no word), else at `cap` characters."""
+    if len(text) <= cap:
+        return text
+    if cap <= 0:
+        return ""
+    if keep_end:
+        start = len(text) - cap
+        nl = text.find("\n", start, start + cap // 2)
+        return text[nl + 1:] if nl >= 0 else text[start:]
+    nl = text.rfind("\n", cap - cap // 2, cap)
+    return text[:nl + 1] if nl >= 0 else text[:cap]
 
 
 def _extra_chunk(c: Any, i: int) -> ExtraChunk:

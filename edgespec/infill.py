@@ -25,6 +25,7 @@ import numpy as np
 
 REPO_NAME = "myproject"  # llama.cpp's placeholder repository name
 FILE_NAME = "filename"  # llama.cpp's placeholder name for the file being edited
+MAX_EXTRA_CHUNKS = 1024  # extra context chunks a prompt may have (editor plugins send tens; 1M one-byte chunks took 141 s)
 
 
 @dataclass(frozen=True)
@@ -224,4 +225,5 @@ def infill_filter(probs: np.ndarray, vocab: InfillVocab) -> np.ndarray:
     return out
 
 
-__all__ = ["FimTokens", "ExtraChunk", "InfillVocab", "fim_layout", "indent_cut", "infill_filter", "REPO_NAME", "FILE_NAME"]
+__all__ = ["FimTokens", "ExtraChunk", "InfillVocab", "fim_layout", "indent_cut", "infill_filter", "REPO_NAME", "FILE_NAME",
+           "MAX_EXTRA_CHUNKS"]

@@ -136,3 +136,44 @@ def test_a_body_that_would_tokenize_to_millions_of_ids_is_refused_before_tokeniz
                    headers={"Authorization": b"Bearer " + KEY.encode()}, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     assert "far more than a context of 256 tokens" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("content,sig", [("<|im_end|>" * 400_000, signal.SIGTERM), ("hello world " * 340_000, signal.SIGTERM),
+                                         ("hello world " * 340_000, signal.SIGINT)])
+def test_a_signal_during_a_long_tokenization_ends_serve_within_seconds(tiny, content, sig):
+    """A /tokenize of 4 MB in progress (400k special tokens: 300 s in one llama.cpp call before; or plain text, one
+    call of a few seconds) and a chat waiting for it: SIGTERM ends the server within a few seconds, cleanly."""
+    import threading
+
+    import httpx
+
+    s = ServeProcess(["--target", str(tiny["target"]), "--no-draft", "--ctx", "256", "--threads", "1", "--log-level", "info"])
+    done: list[object] = []
+
+    def post(path: str, body: dict) -> None:
+        try:
+            done.append(httpx.post(s.url + path, json=body, timeout=120).status_code)
+        except httpx.TransportError as e:
+            done.append(e)
+
+    threads = [threading.Thread(target=post, args=("/tokenize", {"content": content})) for _ in range(2)]
+    threads.append(threading.Thread(target=post, args=("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})))
+    try:
+        for th in threads:
+            th.start()
+            time.sleep(0.3)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        s.proc.send_signal(sig)
+        s.proc.wait(60)
+        took = time.monotonic() - t0
+        print(f"{sig.name} to exit: {took:.2f} s")
+    finally:
+        s.stop()
+    for th in threads:
+        th.join(30)
+    time.sleep(0.2)
+    err = "".join(s.lines)
+    assert took < 10, (took, err)  # uvicorn waits up to 3 s for the requests in progress
+    assert "Traceback" not in err and "Application shutdown complete" in err, err
+    assert s.proc.returncode in (0, -sig, 128 + sig), (s.proc.returncode, err)  # uvicorn raises the signal again once done

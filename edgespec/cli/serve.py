@@ -172,11 +172,16 @@ def serve(**kw: Any) -> None:
             if getattr(self, "lifespan", None) is not None:
                 await self.lifespan.shutdown()
 
-    config = uvicorn.Config(app, http=_header_timeout_protocol(header_timeout), log_level=log_level,
+    config = uvicorn.Config(_ended_quietly(app), http=_header_timeout_protocol(header_timeout), log_level=log_level,
                             timeout_graceful_shutdown=3, lifespan="on", access_log=log_level == "debug")
     server = Server(config)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raised the Ctrl-C again after its shutdown
+        sock.close()
+        app.state.edgespec.shutdown()
+        _leave_busy_threads(130, "\ninterrupted")
+        raise
     finally:
         sock.close()
         app.state.edgespec.shutdown()  # idempotent: whatever way the server stopped, generations end and memory is saved
@@ -185,3 +190,48 @@ def serve(**kw: Any) -> None:
         raise EdgespecError(str(e) if isinstance(e, EdgespecError) else f"the model failed to load: {type(e).__name__}: {e}")
     if not server.started:
         sys.exit(1)
+
+
+def _ended_quietly(app: Any) -> Any:
+    """The app, where a request still running when uvicorn's graceful shutdown gives up on it (one waiting for a
+    long tokenization in a worker thread) ends with a 503 (or its stream's end) instead of a logged traceback."""
+    from ..server.responses import error_response
+    from ..server.schema import APIError
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if scope.get("type") != "http" or not app.state.edgespec.closing:
+                raise
+            if not started:
+                await error_response(APIError(503, "the server is shutting down", code="shutting_down"))(scope, receive, send)
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return wrapped
+
+
+def _leave_busy_threads(code: int, line: str, wait: float = 1.0) -> None:
+    """Python waits at exit for every worker thread; one still inside a llama.cpp call (a long tokenization) would
+    hold the exit for as long as that call runs. Past `wait` seconds, exit now with `code` (what was written is
+    flushed; the shutdown has run)."""
+    import threading
+    import time
+
+    deadline = time.monotonic() + wait
+    for th in threading.enumerate():
+        if th is not threading.current_thread() and not th.daemon:
+            th.join(max(0.0, deadline - time.monotonic()))
+    if any(th.is_alive() and not th.daemon and th is not threading.current_thread() for th in threading.enumerate()):
+        click.echo(line, err=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

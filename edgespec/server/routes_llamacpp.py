@@ -36,6 +36,10 @@ from .schema import APIError, CompletionRequest, InfillInput, bad
 COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
 INFILL_KEYS = COMPLETION_KEYS | {"input_prefix", "input_suffix", "input_extra"}
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}
+# /tokenize's content, in UTF-8 bytes (each may be a token id: a Python int in the list, a number in the JSON; with
+# pieces an object each): 4 MiB is ~4M ids at most, ~0.2 GiB; a 28 MB content took 1-2 GiB
+TOKENIZE_MAX_BYTES = 4 * 2**20
+TOKENIZE_PIECES_MAX_BYTES = 2**20
 
 
 def _app_fns() -> Any:
@@ -325,6 +329,11 @@ async def tokenize(request: Request) -> Response:
         if not isinstance(v, bool):
             raise bad(key, f"{key} must be true or false")
         flags[key] = v
+    limit = TOKENIZE_PIECES_MAX_BYTES if flags["with_pieces"] else TOKENIZE_MAX_BYTES
+    size = len(content.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise bad("content", f"content is {size} bytes of UTF-8; /tokenize takes at most {limit}"
+                  + (" with with_pieces" if flags["with_pieces"] else "") + " (send it in parts)")
     eng = _app_fns()._state(request).engine
     ids = await anyio.to_thread.run_sync(
         lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
