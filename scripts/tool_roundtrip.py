@@ -165,7 +165,9 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=len(TASKS))
     ap.add_argument("--agents-tasks", type=int, default=None, help="how many tasks the Agents SDK runs (default: all)")
     ap.add_argument("--no-agents", action="store_true")
+    ap.add_argument("--no-chat", action="store_true", help="only the Agents SDK runs")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--start-timeout", type=float, default=1200, help="seconds the server may take to load (a busy machine is slow)")
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--summarize", default=None, metavar="FILE", help="only print the totals of an earlier --json file")
     a = ap.parse_args()
@@ -174,21 +176,23 @@ def main() -> None:
         return
     from openai import OpenAI
 
-    server = ServeProcess(["--log-level", "warning", *a.serve_args.split()], timeout=300, code=a.code)
+    server = ServeProcess(["--log-level", "warning", *a.serve_args.split()], timeout=a.start_timeout, code=a.code)
     rows: dict[str, list[dict[str, Any]]] = {"chat": [], "agents": []}
     try:
         client = OpenAI(base_url=server.url + "/v1", api_key="none", timeout=600)
         model = client.models.list().data[0].id
         tasks = TASKS[: a.tasks]
-        for q in tasks:
+        for q in tasks if not a.no_chat else []:
             r = chat_round_trip(client, model, q, a.max_tokens)
             rows["chat"].append(r)
+            save(a.json_out, rows)
             print(f"chat   | {r['outcome']:<12} | {r['seconds']:>6}s | {q} | calls={r['calls']} "
                   f"second={r.get('second_calls')} answer={(r.get('answer') or r.get('first_content') or '')[:80]!r}", flush=True)
         if not a.no_agents:
             for q in tasks[: a.agents_tasks]:
                 r = agents_run(server.url, model, q, a.max_tokens)
                 rows["agents"].append(r)
+                save(a.json_out, rows)
                 print(f"agents | {r['outcome']:<12} | {r['seconds']:>6}s | {q} | calls={r.get('calls')} {r.get('answer', '')[:80]!r}",
                       flush=True)
     finally:
@@ -198,16 +202,23 @@ def main() -> None:
     dirty = subprocess.run(["git", "-C", a.code, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
     print(f"# {time.strftime('%Y-%m-%d')} {cpu or platform.processor()} code={a.code}@{commit}{'+dirty' if dirty else ''} "
           f"max_tokens={a.max_tokens}")
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(rows, indent=1))
     summarize(rows)
+
+
+def save(path: str | None, rows: dict[str, list[dict[str, Any]]]) -> None:
+    """The rows so far (after every task: a run cut short keeps what it measured)."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(rows, indent=1))
+        tmp.replace(path)
 
 
 def summarize(rows: dict[str, list[dict[str, Any]]]) -> None:
     chat = rows["chat"]
     called = sum(r["outcome"] != "no call" for r in chat)
     done = sum(r["outcome"] == "answer" for r in chat)
-    print(f"chat: first answer a tool call {called}/{len(chat)}; round trip complete (call -> result -> answer, no second call) "
+    if chat:
+        print(f"chat: first answer a tool call {called}/{len(chat)}; round trip complete (call -> result -> answer, no second call) "
           f"{done}/{len(chat)}; answers quoting the result {sum(grounded(r) for r in chat)}/{len(chat)}")
     if rows["agents"]:
         ag = rows["agents"]
