@@ -22,6 +22,7 @@ instruct models.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import string
 import threading
@@ -39,6 +40,7 @@ FALLBACK_TEMPLATE = (
 )
 
 ROLES = ("system", "user", "assistant")
+TOOL_ROLE = "tool"  # a tool result: accepted where the template renders tools (renders_tools)
 MAX_TEMPLATE_CHARS = 256 * 1024
 MAX_ITERATIONS = 1_000_000
 MAX_SECONDS = 2.0
@@ -165,6 +167,15 @@ def _bounded_filter(f: Any, check: Callable[[Sequence[Any], Mapping[str, Any]], 
     return bounded
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+    if indent is not None and (not isinstance(indent, int) or isinstance(indent, bool) or not 0 <= indent <= 16):
+        raise TemplateError("chat template: tojson's indent must be a small number")
+    try:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise TemplateError(f"chat template: tojson failed: {e}") from None
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str) -> Any:
     import jinja2
@@ -208,6 +219,7 @@ def _compile(template: str) -> Any:
     for name, check in _FILTER_CHECKS.items():  # filters that pad to a width or format
         env.filters[name] = _bounded_filter(env.filters[name], check)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = _tojson  # Hugging Face's (no HTML escaping, non-ASCII kept): what the models were trained on
     env.globals["range"] = _budget_range
     env.budget_iter = _budget_iter  # type: ignore[attr-defined]
     try:
@@ -223,28 +235,43 @@ def _compile(template: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- rendering
-def validate_messages(messages: Any) -> list[dict[str, str]]:
+def validate_messages(messages: Any, *, tools: bool = False) -> list[dict[str, Any]]:
+    """Messages checked: {"role", "content"} with a role of ROLES and text content; with `tools` (for a template that
+    renders them) also tool results (role "tool", optional "tool_call_id") and assistant messages with
+    "tool_calls" (a list of objects, as Hugging Face templates read them)."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise TemplateError("messages must be a list of {'role', 'content'} objects")
-    out = []
+    out: list[dict[str, Any]] = []
+    roles = ROLES + ((TOOL_ROLE,) if tools else ())
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             raise TemplateError(f"message {i} must have 'role' and 'content'")
-        if m["role"] not in ROLES:
-            raise TemplateError(f"message {i}: role must be one of {', '.join(ROLES)}, got {m['role']!r}")
+        if m["role"] not in roles:
+            raise TemplateError(f"message {i}: role must be one of {', '.join(roles)}, got {m['role']!r}")
         if not isinstance(m["content"], str):
             raise TemplateError(f"message {i}: content must be text")
-        out.append({"role": m["role"], "content": m["content"]})
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if tools and m["role"] == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list) or not all(isinstance(c, Mapping) for c in calls):
+                raise TemplateError(f"message {i}: tool_calls must be a list of objects")
+            msg["tool_calls"] = [dict(c) for c in calls]
+        if tools and m["role"] == TOOL_ROLE and isinstance(m.get("tool_call_id"), str):
+            msg["tool_call_id"] = m["tool_call_id"]
+        out.append(msg)
     return out
 
 
-def _render(template: str | None, msgs: list[dict[str, str]], add_generation_prompt: bool, max_output: int) -> str:
+def _render(
+    template: str | None, msgs: list[dict[str, Any]], add_generation_prompt: bool, max_output: int, tools: list[Any] | None = None
+) -> str:
     tpl = _compile(template or FALLBACK_TEMPLATE)
     _current.budget = budget = _Budget(max_output)
+    extra = {"tools": tools} if tools else {}
     try:
         out: list[str] = []
         size = 0
-        for piece in tpl.generate(messages=msgs, add_generation_prompt=add_generation_prompt, bos_token="", eos_token=""):
+        for piece in tpl.generate(messages=msgs, add_generation_prompt=add_generation_prompt, bos_token="", eos_token="", **extra):
             size += len(piece)
             if size > max_output:
                 raise TemplateError(f"chat template: the rendered prompt exceeds {max_output:,} characters")
@@ -261,14 +288,61 @@ def _render(template: str | None, msgs: list[dict[str, str]], add_generation_pro
         _current.budget = None
 
 
-def _output_budget(msgs: list[dict[str, str]]) -> int:
-    return OUTPUT_BASE + OUTPUT_FACTOR * sum(len(m["content"]) for m in msgs)
+def _output_budget(msgs: list[dict[str, Any]], tools: list[Any] | None = None) -> int:
+    tool_text = _tool_text(msgs, tools)
+    return OUTPUT_BASE + OUTPUT_FACTOR * (sum(len(m["content"]) for m in msgs) + len(tool_text))
 
 
-def render(template: str | None, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages`. BOS is left to the tokenizer (add_bos), as llama.cpp's server does."""
-    msgs = validate_messages(messages)
-    return _render(template, msgs, add_generation_prompt, _output_budget(msgs))
+def _tool_text(msgs: list[dict[str, Any]], tools: list[Any] | None) -> str:
+    """The tools and tool calls as JSON text: the template writes them as markup (not as message contents)."""
+    calls = [m["tool_calls"] for m in msgs if m.get("tool_calls")]
+    if not tools and not calls:
+        return ""
+    try:
+        return json.dumps([tools or [], calls], ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        raise TemplateError("tools and tool calls must be JSON values") from None
+
+
+def _tools_arg(tools: Any) -> list[Any] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)) or not all(isinstance(t, Mapping) for t in tools):
+        raise TemplateError("tools must be a list of objects")
+    return [dict(t) for t in tools] or None
+
+
+def render(
+    template: str | None, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, tools: Sequence[Any] | None = None
+) -> str:
+    """The prompt text for `messages` (and `tools`, in OpenAI's form, for a template that renders_tools). BOS is
+    left to the tokenizer (add_bos), as llama.cpp's server does."""
+    tl = _tools_arg(tools)
+    msgs = validate_messages(messages, tools=tl is not None or renders_tools(template))
+    return _render(template, msgs, add_generation_prompt, _output_budget(msgs, tl), tl)
+
+
+_PROBE_TOOL, _PROBE_CALL, _PROBE_ARG, _PROBE_RESULT = "edgespec_probe_tool", "edgespec_probe_call", "edgespec_probe_arg", "edgespec_probe_result"
+
+
+@lru_cache(maxsize=8)
+def renders_tools(template: str | None) -> bool:
+    """Whether the template renders tools, assistant tool calls and tool results itself (as Qwen2.5's, Llama 3.1's
+    and Hermes' do): a probe conversation, rendered with a tool, a call and a result, shows all three."""
+    if not template:
+        return False
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": _PROBE_CALL, "arguments": {_PROBE_ARG: 1}}}]},
+        {"role": TOOL_ROLE, "tool_call_id": "call_1", "content": _PROBE_RESULT},
+    ]
+    tools = [{"type": "function", "function": {"name": _PROBE_TOOL, "description": "d", "parameters": {"type": "object", "properties": {}}}}]
+    try:
+        text = _render(template, msgs, True, OUTPUT_BASE, tools)
+    except TemplateError:
+        return False
+    return all(s in text for s in (_PROBE_TOOL, _PROBE_CALL, _PROBE_ARG, _PROBE_RESULT))
 
 
 def render_segments(
@@ -277,18 +351,30 @@ def render_segments(
     *,
     add_generation_prompt: bool = True,
     specials: Iterable[str] | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> list[tuple[str, bool]]:
     """The prompt as [(text, is_content)]: template markup (is_content False: control-token text in it is meant
     as control tokens) and message contents (True: always plain text). Joined, the texts equal `render(...)`.
 
     `specials` (the control-token texts of the vocabulary) is needed only for templates that transform contents
-    so that the sentinels cannot follow them; then a content that contains control-token text is refused."""
-    msgs = validate_messages(messages)
-    budget = _output_budget(msgs)
-    text = _render(template, msgs, add_generation_prompt, budget)
-    marked = [{"role": m["role"], "content": f"\ue000{i}\ue001"} for i, m in enumerate(msgs)]
+    so that the sentinels cannot follow them; then a content that contains control-token text is refused. Tools and
+    tool calls (for a template that renders_tools) are written by the template as markup: one that contains
+    control-token text is refused whenever `specials` is given."""
+    tl = _tools_arg(tools)
+    msgs = validate_messages(messages, tools=tl is not None or renders_tools(template))
+    budget = _output_budget(msgs, tl)
+    if specials is not None:
+        tool_text = _tool_text(msgs, tl)
+        if tool_text:
+            specials = list(specials)
+            for s in specials:
+                if s and s in tool_text:
+                    raise TemplateError(f"a tool or a tool call contains the control-token text {s!r}")
+    text = _render(template, msgs, add_generation_prompt, budget, tl)
+    # empty contents stay empty: templates test them ({% if message.content %}), a sentinel would not be empty
+    marked = [{**m, "content": f"\ue000{i}\ue001" if m["content"] else ""} for i, m in enumerate(msgs)]
     try:
-        skeleton = _render(template, marked, add_generation_prompt, budget)
+        skeleton = _render(template, marked, add_generation_prompt, budget, tl)
     except TemplateError:
         skeleton = ""  # a template that inspects contents (e.g. raises on unknown ones): no skeleton
     for transform in (lambda s: s, str.strip):
@@ -337,4 +423,4 @@ def clip_segments(segments: list[tuple[str, bool]], offset: int) -> list[tuple[s
     return [(t, c) for t, c in out if t]
 
 
-__all__ = ["FALLBACK_TEMPLATE", "ROLES", "render", "render_segments", "clip_segments", "validate_messages", "TemplateError"]
+__all__ = ["FALLBACK_TEMPLATE", "ROLES", "TOOL_ROLE", "render", "renders_tools", "render_segments", "clip_segments", "validate_messages", "TemplateError"]

@@ -32,7 +32,7 @@ from . import chat_template
 from .backend import Model, default_threads
 from .config import ModelSpec, SamplingParams, SpecConfig, check_stop, check_tree_fits
 from .constraint import Constraint, Matcher
-from .structured import constraint_from_response_format
+from .structured import Tool, constraint_from_response_format, prompt_messages
 from .costs import CostModel, VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
@@ -270,16 +270,24 @@ class Engine:
             out = self.target.tokenize("", add_special=True)
         return out
 
-    def chat_segments(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    def chat_segments(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, tools: Sequence[Tool] = ()
+    ) -> list[tuple[str, bool]]:
+        """The rendered conversation (chat_template.render_segments). Tools, tool calls and tool results go to the
+        model's template where it renders them, else into plain messages (structured.prompt_messages)."""
         self._live()
+        template = self.chat_template
+        msgs, tool_list = prompt_messages(template, messages, tools) if isinstance(messages, Sequence) else (messages, None)
         return chat_template.render_segments(
-            self.chat_template, messages, add_generation_prompt=add_generation_prompt, specials=_LazySpecials(self)
+            template, msgs, add_generation_prompt=add_generation_prompt, specials=_LazySpecials(self), tools=tool_list
         )
 
-    def prompt_tokens(self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    def prompt_tokens(
+        self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None, tools: Sequence[Tool] = ()
+    ) -> list[int]:
         """Token ids for a raw prompt (BOS added if the model wants it; control-token text stays text) or for chat
         messages (rendered with the model's template: the template's markup becomes control tokens, message
-        contents never do)."""
+        contents never do), with the `tools` offered (structured.check_tools)."""
         self._live()
         if (prompt is None) == (messages is None):
             raise ConfigError("give exactly one of prompt or messages")
@@ -293,7 +301,7 @@ class Engine:
                 raise ConfigError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
             if not messages:
                 raise ConfigError("messages must not be empty")
-            segments = self.chat_segments(messages)
+            segments = self.chat_segments(messages, tools=tools)
             self.check_prompt_size(sum(len(text) for text, _ in segments))  # characters: at most the bytes
             toks = self.segment_tokens(segments, add_bos=True)
         if not toks:

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .chat_template import renders_tools
 from .constraint import Constraint, ConstraintError
 from .untrusted import JSONDepthError, check_json_depth, loads as loads_json
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
-_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 def constraint_from_response_format(obj: Any) -> Constraint | None:
@@ -178,11 +178,39 @@ def _call_text(call: Mapping[str, Any]) -> str:
     return f"{TOOL_OPEN}\n{json.dumps({'name': fn['name'], 'arguments': args}, ensure_ascii=False)}\n{TOOL_CLOSE}"
 
 
+def tool_history(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages with their assistant `tool_calls` checked and normalized to what Hugging Face chat templates
+    read: [{"id", "type": "function", "function": {"name", "arguments": <the arguments as an object>}}] (OpenAI
+    sends the arguments as a JSON string; a template writes them with `tojson`). ConstraintError for a malformed
+    call. Other messages are copied."""
+    out: list[Any] = []
+    for m in messages:
+        if not isinstance(m, Mapping):  # left to the chat template's checks
+            out.append(m)
+            continue
+        msg = dict(m)
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list):
+                raise ConstraintError("an assistant message's tool_calls must be an array")
+            norm = []
+            for c in calls:
+                # _call_text checks the call (and its arguments' JSON); its block holds the call as {"name", "arguments"}
+                obj = json.loads(_call_text(c)[len(TOOL_OPEN) : -len(TOOL_CLOSE)])
+                cid = c.get("id")
+                norm.append({"id": cid if isinstance(cid, str) else "call_" + secrets.token_hex(12), "type": "function",
+                             "function": {"name": obj["name"], "arguments": obj["arguments"]}})
+            msg["tool_calls"] = norm
+        out.append(msg)
+    return out
+
+
 def tool_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]) -> list[dict[str, str]]:
     """OpenAI messages with tool calls and tool results as plain {"role", "content"} messages in the Hermes/Qwen2.5
-    convention (what Qwen2.5's template renders for them): assistant tool_calls become `<tool_call>` blocks, tool
-    results user messages with `<tool_response>` blocks (consecutive ones merged), and the tools' descriptions a
-    system message (added to the first system message, or a new one)."""
+    convention (what Qwen2.5's template renders for them), for templates that render no tools of their own:
+    assistant tool_calls become `<tool_call>` blocks, tool results user messages with `<tool_response>` blocks
+    (consecutive ones merged), and the tools' descriptions a system message (added to the first system message, or a
+    new one)."""
     out: list[dict[str, str]] = []
     for m in messages:
         role, content = m.get("role"), m.get("content")
@@ -210,35 +238,169 @@ def tool_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]) 
     return out
 
 
+def has_tool_history(messages: Sequence[Any]) -> bool:
+    return any(isinstance(m, Mapping) and (m.get("role") == "tool" or (m.get("role") == "assistant" and bool(m.get("tool_calls"))))
+               for m in messages)
+
+
+def prompt_messages(
+    template: str | None, messages: Sequence[Mapping[str, Any]], tools: Sequence[Tool]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) to render with `template`: where the template renders tools, tool calls and tool results
+    itself (Qwen2.5's, Llama 3.1's, Hermes'...: chat_template.renders_tools), the messages as Hugging Face templates
+    take them (tool_history) and the tools in OpenAI's form; otherwise tool_messages' plain messages and no tools."""
+    if not tools and not has_tool_history(messages):
+        return list(messages), None
+    if renders_tools(template):
+        return tool_history(messages), [t.as_openai() for t in tools] or None
+    return tool_messages(tool_history(messages), tools), None
+
+
+# --------------------------------------------------------------------------------------------- reading tool calls
+# The shapes small models write a call in: `<tool_call>{...}</tool_call>` (Hermes/Qwen2.5; a last block the model
+# did not close counts), a fenced ```json block, and at the start of an answer a bare JSON object or array. The
+# JSON is {"name", "arguments"} ("parameters" is read as "arguments"; {"function": {...}} is unwrapped); untagged
+# JSON is a call only when it names one of the offered tools.
+_FENCE_LANGS = ("", "json", "tool_call", "tool_code", "tool_calls")
+_BLOCK_RE = re.compile(
+    r"<tool_call>\s*(?P<tag>.*?)\s*(?:</tool_call>|\Z)"
+    r"|```[ \t]*(?P<lang>[A-Za-z_]*)[ \t]*\n(?P<fence>.*?)\n?[ \t]*```",
+    re.S,
+)
+_STARTS = (TOOL_OPEN, "```")
+
+
+def _as_calls(obj: Any, names: Sequence[str] | None) -> list[dict[str, Any]] | None:
+    """A parsed JSON value as OpenAI tool calls (an object: one call; an array of them: several), or None when it is
+    not one (a name outside `names`, when given)."""
+    items = obj if isinstance(obj, list) else [obj]
+    out = []
+    for it in items:
+        if isinstance(it, Mapping) and "name" not in it and isinstance(it.get("function"), Mapping):
+            it = it["function"]
+        if not isinstance(it, Mapping):
+            return None
+        name = it.get("name")
+        args = it.get("arguments", it.get("parameters", {}))
+        if not isinstance(name, str) or (names is not None and name not in names) or not isinstance(args, (Mapping, str)):
+            return None
+        out.append(_openai_call({"name": name, "arguments": args}))
+    return out or None
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+class ToolCallSplitter:
+    """A streamed answer split into text that can be sent at once and a tail that may be a tool call:
+    `feed(text)` returns what may be sent now (never a part of a possible call: the rest is held from the first
+    `<tool_call>`, from a ```json fence whose body opens with `{` or `[`, or from the start when the answer opens with
+    `{` or `[`; a possible start cut by the chunk's end, and trailing white space, wait for the next chunk);
+    `finish()` returns (the rest of the text, the calls) once the answer is complete. Feeding the whole answer at once
+    or piece by piece gives the same calls and the same text."""
+
+    def __init__(self, names: Sequence[str] | None) -> None:
+        self.names = list(names) if names is not None else None
+        self.buf = ""  # received, not yet sent
+        self.held = False  # buf is a possible call: kept until the end
+        self.at_start = True  # nothing sent yet
+        self.bare = False  # held from the answer's start (a bare JSON value)
+
+    def feed(self, text: str) -> str:
+        self.buf += text
+        sent = []
+        while not self.held:
+            n = self._sendable()
+            if n == 0:
+                break
+            sent.append(self.buf[:n])
+            self.buf = self.buf[n:]
+            self.at_start = False
+        return "".join(sent)
+
+    def _sendable(self) -> int:
+        """How many characters of buf can be sent now (0: none; sets held when buf is a possible call)."""
+        buf = self.buf
+        lead = len(buf) - len(buf.lstrip())
+        if self.at_start:
+            if lead == len(buf):
+                return 0
+            if buf[lead] in "{[":
+                self.held = self.bare = True
+                return 0
+        found = [i for i in (buf.find(s) for s in _STARTS) if i >= 0]
+        if found:
+            j = min(found)
+            if buf[:j].strip():  # the text before a possible call goes first (its trailing space waits)
+                return len(buf[:j].rstrip())
+            if buf.startswith(TOOL_OPEN, j):
+                self.held = True
+                return 0
+            nl = buf.find("\n", j + 3)
+            if nl < 0:
+                return 0 if len(buf) - j < 32 else j + 3  # the fence's language line is not complete yet
+            body = buf[nl + 1 :].lstrip()
+            if buf[j + 3 : nl].strip().lower() in _FENCE_LANGS and (not body or body[0] in "{["):
+                if body:
+                    self.held = True
+                return 0
+            return len(buf[: nl + 1].rstrip()) or nl + 1  # a fence of code, not a call: its opening line goes
+        keep = max((k for s in _STARTS for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        return len(buf[: len(buf) - keep].rstrip())
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(the text not sent yet, minus the calls found in it; the calls)."""
+        held, self.buf = self.buf, ""
+        if not self.held:
+            return held, []
+        calls: list[dict[str, Any]] = []
+        rest: list[str] = []
+        pos = 0
+        if self.bare and self.names is not None:  # one or more JSON values from the start
+            dec = json.JSONDecoder()
+            i = len(held) - len(held.lstrip())
+            while i < len(held) and held[i] in "{[":
+                try:
+                    obj, end = dec.raw_decode(held, i)
+                except (ValueError, RecursionError):
+                    break
+                found = _as_calls(obj, self.names)
+                if found is None:
+                    break
+                calls += found
+                pos = i = end + len(held[end:]) - len(held[end:].lstrip())
+        for m in _BLOCK_RE.finditer(held, pos):
+            if m.group("tag") is not None:
+                found = _as_calls(_loads(m.group("tag")), None)
+            elif m.group("lang").lower() in _FENCE_LANGS and self.names is not None:
+                found = _as_calls(_loads(m.group("fence")), self.names)
+            else:
+                found = None
+            if found:
+                rest.append(held[pos : m.start()])
+                pos = m.end()
+                calls += found
+        if not calls:
+            return held, []
+        rest.append(held[pos:])
+        text = "".join(rest).strip()
+        return ("\n" + text if text and not self.at_start else text), calls
+
+
 def parse_tool_calls(text: str, names: Sequence[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
-    """The model's answer as (content, tool_calls): every well-formed `<tool_call>` block with a JSON {"name",
-    "arguments"} object becomes an OpenAI tool call (arguments as a JSON string, an id "call_..."); the text around
-    them is the content (None when empty). Without blocks, an answer that is only such a JSON object naming one of
-    `names` is a call too."""
-    bare = text.strip()
-    if names is not None and bare.startswith("{") and TOOL_OPEN not in text:
-        try:
-            obj = json.loads(bare)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and obj.get("name") in names and isinstance(obj.get("arguments", {}), (dict, str)):
-            return None, [_openai_call(obj)]
-    calls: list[dict[str, Any]] = []
-    rest: list[str] = []
-    pos = 0
-    for m in _CALL_RE.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        rest.append(text[pos : m.start()])
-        pos = m.end()
-        calls.append(_openai_call(obj))
-    rest.append(text[pos:])
-    content = "".join(rest).strip()
-    return (content or None), calls
+    """The model's answer as (content, tool_calls), the one reading of tool calls every route uses: the calls in the
+    shapes ToolCallSplitter knows become OpenAI tool calls (arguments as a JSON string, an id "call_..."); the text
+    around them is the content (None when empty). Without calls, (text, [])."""
+    s = ToolCallSplitter(names)
+    head = s.feed(text)
+    rest, calls = s.finish()
+    if not calls:
+        return text, []
+    return (head + rest).strip() or None, calls
 
 
 def _openai_call(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,8 +417,12 @@ __all__ = [
     "check_tool_choice",
     "check_tools",
     "constraint_from_response_format",
+    "ToolCallSplitter",
+    "has_tool_history",
     "parse_tool_calls",
+    "prompt_messages",
     "tool_constraint",
+    "tool_history",
     "tool_messages",
     "tools_system_text",
 ]

@@ -120,9 +120,11 @@ class ServeProcess:
     "listening on" line names the URL and /health answers 200, each within `timeout` seconds (RuntimeError with the
     server's stderr otherwise); stop() terminates it, then kills it."""
 
-    def __init__(self, args: list[str], timeout: float = 60.0) -> None:
+    def __init__(self, args: list[str], timeout: float = 60.0, code: str | None = None) -> None:
         cmd = [sys.executable, "-m", "edgespec", "serve", *args, "--port", "0"]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        # code: the checkout whose edgespec runs (its folder is the child's working directory and PYTHONPATH)
+        env = {**os.environ, "PYTHONPATH": code} if code else None
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=code, env=env)
         self.lines: list[str] = []
         self.url = ""
         found = threading.Event()

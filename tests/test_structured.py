@@ -10,11 +10,14 @@ import pytest
 
 from edgespec.constraint import Constraint, ConstraintError, Matcher, Vocabulary, apply_mask
 from edgespec.structured import (
+    ToolCallSplitter,
     check_tool_choice,
     check_tools,
     constraint_from_response_format,
     parse_tool_calls,
+    prompt_messages,
     tool_constraint,
+    tool_history,
     tool_messages,
 )
 
@@ -126,6 +129,164 @@ def test_parse_tool_calls():
     assert parse_tool_calls("<tool_call>not json</tool_call>")[1] == []
     two = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": {}}</tool_call>')
     assert two[0] is None and [c["function"]["name"] for c in two[1]] == ["a", "b"]
+
+
+NAMES = ["get_weather", "add"]
+CALL = '{"name": "get_weather", "arguments": {"city": "paris"}}'
+
+
+def _names(calls):
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize("text, content", [
+    (f"<tool_call>\n{CALL}\n</tool_call>", None),  # tagged
+    (f"<tool_call>\n{CALL}", None),  # tagged, the model stopped before closing it
+    (f"```json\n{CALL}\n```", None),  # fenced
+    (f"I will check.\n```json\n{CALL}\n```", "I will check."),
+    (f"```\n[{CALL}]\n```", None),  # fenced array, no language
+    (f"  {CALL}", None),  # bare object
+    (f"[{CALL}]", None),  # bare array
+    (f"{CALL}\n\nThis gets the weather.", "This gets the weather."),
+    ('{"name": "get_weather", "parameters": {"city": "paris"}}', None),  # "parameters" for "arguments"
+    ('{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}', None),
+])
+def test_parse_tool_calls_reads_the_shapes_small_models_write(text, content):
+    got, calls = parse_tool_calls(text, NAMES)
+    assert got == content and _names(calls) == [("get_weather", {"city": "paris"})]
+
+
+def test_parse_tool_calls_several_and_not_calls():
+    two = parse_tool_calls(f'[{CALL}, {{"name": "add", "arguments": {{"a": 1, "b": 2}}}}]', NAMES)
+    assert _names(two[1]) == [("get_weather", {"city": "paris"}), ("add", {"a": 1, "b": 2})]
+    seq = parse_tool_calls(f"{CALL}\n{CALL}", NAMES)
+    assert len(seq[1]) == 2 and seq[0] is None
+    for text in (
+        '{"name": "other", "arguments": {}}',  # JSON naming no offered tool: an answer
+        '```json\n{"city": "paris", "temperature": 21}\n```',  # JSON that is not a call
+        '[1, 2, 3]',
+        '```python\nprint({"name": "get_weather", "arguments": {}})\n```',  # code, not a call
+        "The weather tool takes {\"name\": \"get_weather\"} style input.",
+        "[" * 5000,  # deep garbage: no RecursionError
+    ):
+        assert parse_tool_calls(text, NAMES) == (text, []), text
+    # untagged JSON is a call only when the offered names are known
+    assert parse_tool_calls(f"```json\n{CALL}\n```")[1] == []
+
+
+@pytest.mark.parametrize("text", [
+    f"Let me look that up for you.\n<tool_call>\n{CALL}\n</tool_call>",
+    f"Checking:\n```json\n{CALL}\n```\nDone.",
+    f"{CALL}",
+    "Here is code:\n```python\nx = {1: 2}\n```\nand more text <b>bold</b> `tick` and ``two``.",
+    "It is sunny in Paris. <tool_call> is how I would call a tool, but not now",
+    "  \n leading space, then [a list] and {braces}",
+])
+def test_the_splitter_streams_text_and_holds_only_possible_calls(text):
+    whole = ToolCallSplitter(NAMES)
+    head = whole.feed(text)
+    rest, calls = whole.finish()
+    pieces = ToolCallSplitter(NAMES)
+    sent = [pieces.feed(ch) for ch in text]  # one character at a time, as a stream may come
+    rest2, calls2 = pieces.finish()
+    assert "".join(sent) + rest2 == head + rest and _names(calls2) == _names(calls)
+    if not calls:
+        assert "".join(sent) + rest2 == text
+    else:
+        assert "<tool_call>" not in "".join(sent) and "```" not in "".join(sent)
+    assert _names(parse_tool_calls(text, NAMES)[1]) == _names(calls)
+    assert bool(calls) == (text.lstrip().startswith("{") or "<tool_call>\n{" in text or "```json" in text)
+
+
+def test_the_splitter_sends_text_before_the_answer_ends():
+    s = ToolCallSplitter(NAMES)
+    assert s.feed("The weather ") == "The weather"  # trailing space waits for what follows
+    assert s.feed("in Paris is <") == " in Paris is"  # "<" may open <tool_call>
+    assert s.feed("b>sunny</b>.") == " <b>sunny</b>."
+    assert s.feed("\n```py") == ""  # a fence: its language decides
+    assert s.feed("thon\nx = 1\n") == "\n```python\nx = 1"  # code: it streams on
+    assert s.finish() == ("\n", [])
+    held = ToolCallSplitter(NAMES)
+    assert held.feed('{"name": "get_weather", ') == ""  # a bare object at the start: held to the end
+    assert held.feed('"arguments": {"city": "rome"}}') == ""
+    assert _names(held.finish()[1]) == [("get_weather", {"city": "rome"})]
+
+
+def test_prompt_messages_use_the_template_where_it_renders_tools():
+    tools = check_tools(TOOLS)
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                                  "function": {"name": "get_weather", "arguments": '{"city": "paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    hist = tool_history(msgs)
+    assert hist[1]["tool_calls"] == [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "paris"}}}]
+    native, tl = prompt_messages(QWEN25_TEMPLATE, hist, tools)
+    assert native == hist and tl == [t.as_openai() for t in tools]
+    plain, none = prompt_messages(None, hist, tools)  # ChatML fallback: no tools of its own
+    assert none is None and plain == tool_messages(hist, tools) and plain[0]["role"] == "system"
+    assert prompt_messages(QWEN25_TEMPLATE, msgs[:1], []) == (msgs[:1], None)
+    with pytest.raises(ConstraintError):
+        tool_history([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}])
+
+
+# Qwen2.5-Instruct's chat template (as in Qwen2.5-Coder-1.5B-Instruct's GGUF): a tools section, assistant tool calls and
+# <tool_response> blocks of its own
+QWEN25_TEMPLATE = (
+    '{%- if tools %}\n'
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- messages[0]['content'] }}\n"
+    '    {%- else %}\n'
+    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
+    '    {%- endif %}\n'
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'  # noqa: E501
+    '    {%- for tool in tools %}\n'
+    '        {{- "\\n" }}\n'
+    '        {{- tool | tojson }}\n'
+    '    {%- endfor %}\n'
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}}\\n</tool_call><|im_end|>\\n" }}\n'  # noqa: E501
+    '{%- else %}\n'
+    "    {%- if messages[0]['role'] == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+    '    {%- else %}\n'
+    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
+    '    {%- endif %}\n'
+    '{%- endif %}\n'
+    '{%- for message in messages %}\n'
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role }}\n"
+    '        {%- if message.content %}\n'
+    "            {{- '\\n' + message.content }}\n"
+    '        {%- endif %}\n'
+    '        {%- for tool_call in message.tool_calls %}\n'
+    '            {%- if tool_call.function is defined %}\n'
+    '                {%- set tool_call = tool_call.function %}\n'
+    '            {%- endif %}\n'
+    '            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
+    '            {{- tool_call.name }}\n'
+    '            {{- \'", "arguments": \' }}\n'
+    '            {{- tool_call.arguments | tojson }}\n'
+    "            {{- '}\\n</tool_call>' }}\n"
+    '        {%- endfor %}\n'
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    '        {%- endif %}\n'
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    '        {{- message.content }}\n'
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    '        {%- endif %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- if add_generation_prompt %}\n'
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    '{%- endif %}'
+)
 
 
 def test_tool_messages_follow_the_qwen_convention():

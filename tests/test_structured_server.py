@@ -305,3 +305,56 @@ def test_ollama_tools_answer_with_ollama_tool_calls(srv, choice):
     assert r.status_code == 200, r.text
     bad = srv.post("/api/chat", {"model": "m", "messages": ask("x"), "tools": [WEATHER], "format": "json"})
     assert bad.status_code == 400 and "format" in bad.json()["error"]
+
+
+# --------------------------------------------------------------------------------------------- text streams with tools
+@pytest.fixture(scope="module")
+def qwen_srv(tmp_path_factory):
+    """A tiny model that writes letters (so an answer under tool_choice "auto" is text) with Qwen2.5's chat template."""
+    from test_structured import QWEN25_TEMPLATE
+
+    d = tmp_path_factory.mktemp("qwen-tools")
+    t = write_tiny_model(d / "t.gguf", seed=31, name="letters-qwen", chat_template=QWEN25_TEMPLATE)
+    eng = Engine.load(ModelSpec(str(t), n_ctx=2048, n_threads=1), drafter="ngram", calibrate_costs=False)
+    s = ServerThread(create_app(eng))
+    yield s, eng
+    s.stop()
+    eng.close()
+
+
+def test_the_template_renders_the_tools_and_results_itself(qwen_srv):
+    from edgespec.structured import check_tools, tool_history
+
+    _, eng = qwen_srv
+    msgs = tool_history([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "get_weather", "arguments": '{"city": "paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ])
+    segs = eng.chat_segments(msgs, tools=check_tools([WEATHER]))
+    text = "".join(t for t, _ in segs)
+    assert text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")  # Qwen's own tools branch
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris", "days": 1}}\n</tool_call><|im_end|>' in text
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    assert [t for t, c in segs if c] == ["Weather in Paris?", "sunny"]
+
+
+def test_text_answers_with_tools_stream_as_they_come(qwen_srv):
+    srv, _ = qwen_srv
+    c = srv.client()
+    deltas, done = [], None
+    for ev in c.responses.create(model="m", input="hello", tools=[RESP_WEATHER], tool_choice="auto", temperature=0,
+                                 max_output_tokens=24, stream=True):
+        if ev.type == "response.output_text.delta":
+            deltas.append(ev.delta)
+        if ev.type in ("response.completed", "response.incomplete"):
+            done = ev.response
+    assert done is not None and len(deltas) > 1, deltas  # not one delta at the end
+    assert "".join(deltas) == done.output_text and done.output_text.strip()
+    assert [o.type for o in done.output] == ["message"]
+    parts = c.chat.completions.create(model="m", messages=ask("hello"), tools=[WEATHER], tool_choice="auto", temperature=0,
+                                      max_tokens=24, stream=True)
+    chat = [ch.choices[0].delta.content for ch in parts if ch.choices and ch.choices[0].delta.content]
+    assert len(chat) > 1 and "".join(chat) == done.output_text  # greedy: the same text

@@ -284,7 +284,7 @@ def _prepare(state: ServerState, req: CompletionRequest, spec_kw: dict[str, Any]
         tokens = eng.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
         param = "prompt"
     elif req.messages is not None:
-        tokens = eng.prompt_tokens(messages=req.messages)
+        tokens = eng.prompt_tokens(messages=req.messages, tools=req.tools)
         param = "messages"
     elif req.prompt is not None:
         tokens = eng.prompt_tokens(req.prompt)

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from ..structured import parse_tool_calls
+from ..structured import ToolCallSplitter, parse_tool_calls
 from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, TemplateError
 from . import sse
 from .schema import APIError, CompletionRequest
@@ -111,6 +111,21 @@ class GenerationResponse:
         self.headers = ignored_headers(req.ignored)
         self.logprobs: list[Any] = []  # speculate.TokenLogprob of every token so far (when asked for)
         self.prompt_ids: list[int] = []  # the prompt's tokens (set by app._generate)
+
+    # -- tool calls (every route reads them here)
+    def _tool_names(self) -> list[str] | None:
+        """The offered tools' names when this answer may hold tool calls, else None."""
+        return [t.name for t in self.req.tools] if self.req.kind == "chat" and self.req.tool_choice != "none" else None
+
+    def _tool_calls_in(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, OpenAI tool calls) of the whole answer (structured.parse_tool_calls); (text, []) without tools."""
+        names = self._tool_names()
+        return parse_tool_calls(text, names) if names is not None else (text, [])
+
+    def _tool_splitter(self) -> ToolCallSplitter | None:
+        """For a stream: what of each chunk's text can go out at once (structured.ToolCallSplitter); None without tools."""
+        names = self._tool_names()
+        return ToolCallSplitter(names) if names is not None else None
 
     # -- the client leaving
     def _left(self) -> None:
@@ -242,11 +257,10 @@ class GenerationResponse:
         text = self.gen.text
         if self.req.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            if self.req.tool_choice != "none":
-                content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
-                if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
-                    reason = "tool_calls" if reason == "stop" else reason
+            content, calls = self._tool_calls_in(text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                reason = "tool_calls" if reason == "stop" else reason
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": self._logprobs(self.logprobs), "finish_reason": reason}
             obj = "chat.completion"
         else:
@@ -310,41 +324,34 @@ class GenerationResponse:
         if self.req.kind == "chat":
             await body(sse.event(self._chunk(self._delta_choice("", None, role=True))))
         head, tail = self._text_template()
-        # with tools, text that opens with "<" or "{" may be a tool call: held back until the end, then sent as tool_calls
-        # deltas (one with the call's id and name, one with its arguments); anything else streams as content
-        holding = self.req.kind == "chat" and self.req.tool_choice != "none"
-        held = ""
+        # with tools, text that may start a tool call is held back (structured.ToolCallSplitter): what cannot streams
+        # as content at once; the held rest is sent at the end, as tool_calls deltas (per call one delta with its id
+        # and name, one with its arguments) where it holds calls, else as content
+        splitter = self._tool_splitter()
         async for chunk in self.gen:
             self._track(chunk)
             if self.client_left or not chunk.text:
                 continue
-            if holding:
-                held += chunk.text
-                if not held.lstrip() or held.lstrip()[0] in "<{":
-                    continue
-                holding = False
-                chunk_text, held = held, ""
-                await body(head + sse.dumps(chunk_text) + tail)
-                continue
-            if self.req.show_draft or self.req.logprobs is not None:
+            text = chunk.text if splitter is None else splitter.feed(chunk.text)
+            if text == chunk.text and (self.req.show_draft or self.req.logprobs is not None):
                 choice = self._delta_choice(chunk.text, None)
                 if self.req.show_draft:
                     choice["from_draft"] = chunk.from_draft
                 if self.req.logprobs is not None:
                     choice["logprobs"] = self._logprobs(chunk.logprobs or [])
                 await body(sse.event(self._chunk(choice)))
-            else:
-                await body(head + sse.dumps(chunk.text) + tail)
+            elif text:
+                await body(head + sse.dumps(text) + tail)
         if self.client_left:
             return
         api, reason = self._outcome()
         if api is not None:
             await body(sse.event(api.body()))
         else:
-            if held:
-                content, calls = parse_tool_calls(held, [t.name for t in self.req.tools])
-                if content is not None or not calls:
-                    await body(head + sse.dumps(held if not calls else content) + tail)
+            if splitter is not None:
+                rest, calls = splitter.finish()
+                if rest:
+                    await body(head + sse.dumps(rest) + tail)
                 for i, call in enumerate(calls):
                     fn = call["function"]
                     first = {"index": i, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}

@@ -34,7 +34,6 @@ from starlette.types import Send
 
 from .. import __version__
 from ..errors import ConfigError, TemplateError
-from ..structured import parse_tool_calls
 from . import schema
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, timings
 from .schema import APIError, CompletionRequest, InfillInput, bad, unsupported
@@ -244,9 +243,7 @@ class OllamaResponse(GenerationResponse):
 
     def _tool_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """(content, Ollama tool calls) of a chat answer when tools were offered, else (text, [])."""
-        if not self.chat or self.req.tool_choice == "none":
-            return text, []
-        content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
+        content, calls = self._tool_calls_in(text) if self.chat else (text, [])
         if not calls:
             return text, []
         return content or "", [{"function": {"name": c["function"]["name"], "arguments": _arguments(c)}} for c in calls]

@@ -30,7 +30,6 @@ from starlette.responses import Response
 from starlette.types import Send
 
 from . import schema
-from ..structured import parse_tool_calls
 from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
 from .schema import APIError, CompletionRequest, bad, unsupported
 
@@ -318,6 +317,7 @@ class ResponsesResponse(GenerationResponse):
         self.msg_id = "msg_" + secrets.token_hex(24)
         self.seq = 0
         self._kept: dict[str, Any] = {}  # the assistant message stored for previous_response_id
+        self._streamed: tuple[str | None, list[dict[str, Any]]] | None = None  # a stream's own reading of its calls
 
     def _message(self, text: str, status: str) -> dict[str, Any]:
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status != "in_progress" else []
@@ -326,14 +326,13 @@ class ResponsesResponse(GenerationResponse):
     def _answer(self, text: str, status: str) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
         """(output items, the assistant message kept for previous_response_id, output_text) for the final text:
         with tools, the calls it holds become function_call items after the text around them."""
-        if self.req.tool_choice != "none":
-            content, calls = parse_tool_calls(text, [t.name for t in self.req.tools])
-            if calls:
-                items = [self._message(content, status)] if content else []
-                for c in calls:
-                    items.append({"id": "fc_" + secrets.token_hex(24), "type": "function_call", "status": "completed",
-                                  "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
-                return items, {"role": "assistant", "content": content or "", "tool_calls": calls}, content or ""
+        content, calls = self._streamed if self._streamed is not None else self._tool_calls_in(text)
+        if calls:
+            items = [self._message(content, status)] if content else []
+            for c in calls:
+                items.append({"id": "fc_" + secrets.token_hex(24), "type": "function_call", "status": "completed",
+                              "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+            return items, {"role": "assistant", "content": content or "", "tool_calls": calls}, content or ""
         return [self._message(text, status)], {"role": "assistant", "content": text}, text
 
     def _object(self, status: str, text: str | None, reason: str | None = None, error: Any = None) -> dict[str, Any]:
@@ -388,14 +387,24 @@ class ResponsesResponse(GenerationResponse):
         await emit("response.created", response=start)
         await emit("response.in_progress", response=start)
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        live = self.req.tool_choice == "none"  # with tools the text streams at the end, once calls can be told apart
-        if live:
+        # with tools, text streams as it comes except what may start a tool call (structured.ToolCallSplitter): that
+        # is held to the end, then becomes function_call items or the rest of the text
+        splitter = self._tool_splitter()
+        sent: list[str] = []
+        if splitter is None:
             await self._open_message(emit, part)
         async for chunk in self.gen:
             self._track(chunk)
-            if self.client_left or not chunk.text or not live:
+            if self.client_left or not chunk.text:
                 continue
-            await emit("response.output_text.delta", item_id=self.msg_id, output_index=0, content_index=0, delta=chunk.text, logprobs=[])
+            text = chunk.text if splitter is None else splitter.feed(chunk.text)
+            if not text:
+                continue
+            if splitter is not None and not sent:
+                await self._open_message(emit, part)
+            sent.append(text)
+            await emit("response.output_text.delta", item_id=self.msg_id, output_index=0, content_index=0, delta=text, logprobs=[])
+        opened = splitter is None or bool(sent)
         if self.client_left:
             return
         api, reason = self._outcome()
@@ -404,14 +413,18 @@ class ResponsesResponse(GenerationResponse):
             await emit("error", code=err["code"], message=api.message, param=api.param)
             await emit("response.failed", response=self._object("failed", None, error=err))
         else:
+            if splitter is not None:
+                rest, calls = splitter.finish()
+                self._streamed = ("".join(sent) + rest or None, calls)
             done = self._object("incomplete" if reason == "length" else "completed", self.gen.text, reason)
             for index, item in enumerate(done["output"]):
                 if item["type"] == "message":
                     text = item["content"][0]["text"]
-                    if not live:
+                    if not opened:
                         await self._open_message(emit, part, index)
-                        if text:
-                            await emit("response.output_text.delta", item_id=self.msg_id, output_index=index, content_index=0, delta=text, logprobs=[])
+                    more = text[len("".join(sent)) :]
+                    if more:
+                        await emit("response.output_text.delta", item_id=self.msg_id, output_index=index, content_index=0, delta=more, logprobs=[])
                     ids = {"item_id": self.msg_id, "output_index": index, "content_index": 0}
                     await emit("response.output_text.done", **ids, text=text, logprobs=[])
                     await emit("response.content_part.done", **ids, part={**part, "text": text})

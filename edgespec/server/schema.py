@@ -23,9 +23,9 @@ from ..config import MAX_SEED, SamplingParams
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..infill import ExtraChunk
+from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_history
 from ..untrusted import JSONDepthError, loads as loads_json
 from .samplers import ChainError, apply_chain, parse_names
-from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_messages
 
 MAX_STOPS = 32
 MAX_TOKENS_LIMIT = 1 << 20
@@ -241,7 +241,7 @@ def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
             raise unsupported("response_format", "response_format together with tools is not supported; send one or the other")
         constraint = _constraint_or_400("tools", lambda: tool_constraint(tools, choice, parallel=parallel))
     try:
-        messages = tool_messages(messages, tools if choice != "none" else [])
+        messages = tool_history(messages)  # checked here; rendered (with the tools) by the engine, for its template
     except ConfigError as e:
         raise bad("messages", str(e)) from None
     req = replace(_common(body, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
@@ -330,7 +330,10 @@ def _messages(v: Any) -> list[dict[str, Any]]:
         if role == "function" or m.get("function_call"):
             raise unsupported(where, f"{where}: the legacy function-call messages are not supported; use tools")
         if role == "tool":
-            out.append({"role": "tool", "content": _content(m.get("content"), f"{where}.content")})
+            tool: dict[str, Any] = {"role": "tool", "content": _content(m.get("content"), f"{where}.content")}
+            if isinstance(m.get("tool_call_id"), str):
+                tool["tool_call_id"] = m["tool_call_id"]
+            out.append(tool)
             continue
         if not isinstance(role, str) or role not in ROLES:
             raise bad(f"{where}.role", f"{where}.role must be one of system, developer, user, assistant, tool; got {json.dumps(role)[:40]}")
