@@ -38,12 +38,13 @@ from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
 from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
+from .policy import RateGuard
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, make_speculator, model_draft_used, tree_paths_for
+from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, guarded, make_speculator, model_draft_used, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -200,6 +201,8 @@ class Engine:
         self.curve = _curve(calibration)
         self.draft_cost = calibration.draft
         self.draft_gate_open = False  # the draft model's hardware gate at the end of the last generation (its hysteresis)
+        # the live check that speculation delivers here (policy.RateGuard), kept across generations like the estimates
+        self.rate_guard = RateGuard()
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
@@ -602,6 +605,8 @@ class Engine:
             kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator,
             tree_paths=self.target.tree_paths, gate_open=self.draft_gate_open,
         )
+        if spec.adaptive:  # a fixed draft length is always obeyed
+            speculator = guarded(speculator, self.rate_guard, cost)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(

@@ -305,6 +305,7 @@ def speculate(
             stats.n_cached = len(ctx) - stats.n_prefill
             stats.timings.prefill = clock() - start
         n_gen = 0
+        t_last: float | None = None  # when the last cycle was observed (its period runs from there: Outcome.t_cycle)
         while True:
             if n_gen >= max_tokens:
                 stats.stop_reason = "length"
@@ -379,6 +380,10 @@ def speculate(
                 stats.ttft = clock() - start
             stats.record_cycle(n_drafted, n_kept, len(new), source, t1 - t0, t2 - t1)
             if speculator is not None:
+                t_obs = clock()
+                # the whole period since the last cycle (the caller's work on its tokens included); the first cycle's
+                # decode is the prefill's tail, not a cycle's: 0
+                t_cycle, t_last = (t_obs - t_last if t_last is not None else 0.0), t_obs
                 # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
                 # drafting really costs that, and the policy must see it or it resumes too eagerly (the model
                 # speculator tells its controller how many tokens a draft caught up on, so that a batched catch-up
@@ -388,10 +393,11 @@ def speculate(
                     own_kept = min(max(0, n_kept - nf), n_own)
                     # tokens: those after the forced ones, where the speculator's own proposal starts
                     speculator.observe(Outcome(
-                        min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:]), cycle.chances[nf:]
+                        min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:]), cycle.chances[nf:],
+                        t_cycle,
                     ))
                 else:
-                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new), cycle.chances))
+                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new), cycle.chances, t_cycle))
             yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None and not dead_end, lps)
             if dead_end:
                 stats.stop_reason = "constraint"
@@ -417,6 +423,7 @@ def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:
 
 def bind_constraint(speculator: Any, constraint: TokenConstraint | None) -> None:
     """Let the draft models inside a speculator mask their proposals with the generation's constraint."""
+    speculator = getattr(speculator, "inner", speculator)  # a GuardedSpeculator's
     for part in (speculator, getattr(speculator, "model", None)):
         if part is not None and hasattr(part, "constraint"):
             part.constraint = constraint

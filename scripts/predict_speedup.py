@@ -586,13 +586,14 @@ def expected_oracle_seconds(
 # --------------------------------------------------------------------------------------------- replay
 class EngineState:
     """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and whether its
-    hardware gate is open, the lookups' acceptance by match run, the draft's by position, and the suffix drafters'
-    memory."""
+    hardware gate is open, the lookups' acceptance by match run, the draft's by position, the suffix drafters'
+    memory and the live-rate check (policy.RateGuard)."""
 
     def __init__(self, cost: Curve) -> None:
         from edgespec.costs import VerifyCurve
 
         from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
+        from edgespec.policy import RateGuard
         from edgespec.suffix_index import SuffixIndex
 
         self.curve = VerifyCurve(cost.verify)
@@ -601,6 +602,7 @@ class EngineState:
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
         self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
         self.memory = SuffixIndex()  # the suffix drafters' memory: every prompt and output replayed so far (fresh at the start)
+        self.rate_guard = RateGuard()  # the live check that speculation delivers (Engine.rate_guard), likewise
 
 
 def run_one(
@@ -614,7 +616,7 @@ def run_one(
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
-    from edgespec.speculators import draft_gate_open, make_speculator, model_draft_used
+    from edgespec.speculators import draft_gate_open, guarded, make_speculator, model_draft_used
     from edgespec.stats import GenerationStats
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
@@ -638,6 +640,8 @@ def run_one(
         speculator = make_speculator(kind, spec, sampling, cm, draft, memory=state.memory, run_estimator=state.run_estimator,
                                      draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta),
                                      gate_open=state.draft_gate_open)
+        if spec.adaptive:  # as the engine does (Engine._run)
+            speculator = guarded(speculator, state.rate_guard, cm)
         if model_draft_used(kind, spec, cm, state.draft_gate_open) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()

@@ -17,6 +17,7 @@ from ..estimators import AcceptanceEstimator, MatchLengthEstimator
 from ..policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
 from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
+from .guard import GuardedSpeculator, guarded, unguarded
 from .hybrid import HybridSpeculator
 from .lookup import LookupSpeculator
 from .model import DraftModel, ModelSpeculator
@@ -42,6 +43,7 @@ def draft_gate_open(speculator: Speculator | None, kind: str, spec: SpecConfig, 
     generation's make_speculator as gate_open, so that the gate's hysteresis spans generations): open where the
     speculator runs a draft model whose gate is open now; as it was (was_open) after a generation that did not ask the
     gate (a kind without the draft model, a fixed draft length)."""
+    speculator = unguarded(speculator)
     if kind not in MODEL_KINDS or not spec.adaptive:
         return was_open
     model = speculator.model if isinstance(speculator, HybridSpeculator) else speculator
@@ -115,6 +117,9 @@ __all__ = [
     "ModelSpeculator",
     "LookupSpeculator",
     "HybridSpeculator",
+    "GuardedSpeculator",
+    "guarded",
+    "unguarded",
     "SuffixSpeculator",
     "make_speculator",
     "model_draft_used",

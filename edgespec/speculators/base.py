@@ -57,6 +57,9 @@ class Outcome:
     t_verify: float
     tokens: tuple[int, ...] = ()  # the tokens the cycle added after any a constraint forced: the accepted drafts, then the target's own
     chances: tuple[float, ...] = ()
+    # the cycle's whole period: seconds since the previous cycle was observed (the caller's work between cycles
+    # included), 0 for a generation's first cycle (its decode finishes the prefill's); what RateGuard compares
+    t_cycle: float = 0.0
 
 
 class Speculator(Protocol):
