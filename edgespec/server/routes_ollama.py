@@ -353,17 +353,23 @@ def _details(eng: Any) -> dict[str, Any]:
             "parameter_size": size, "quantization_level": info.quantization}
 
 
+def _listed(state: Any, eng: Any) -> dict[str, Any]:
+    """The fields /api/tags and /api/ps list the served model with."""
+    name = _ollama_name(state)
+    return {"name": name, "model": name, "size": eng.target.info.file_size, "digest": "", "details": _details(eng)}
+
+
+def _modified(eng: Any) -> str:
+    return datetime.fromtimestamp(eng.target.info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 async def tags(request: Request) -> Response:
     state = _app_fns()._state(request)
     try:
         eng = state.require_engine()
     except APIError as e:
         return ollama_error(e)
-    info = eng.target.info
-    modified = datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
-    name = _ollama_name(state)
-    return JSON({"models": [{"name": name, "model": name, "modified_at": modified, "size": info.file_size,
-                             "digest": "", "details": _details(eng)}]})
+    return JSON({"models": [{**_listed(state, eng), "modified_at": _modified(eng)}]})
 
 
 async def show(request: Request) -> Response:
@@ -389,7 +395,7 @@ async def show(request: Request) -> Response:
                   "edgespec.n_ctx": eng.target.n_ctx, "edgespec.drafter": eng.drafter_kind}
     return JSON({"modelfile": "", "parameters": "", "template": eng.target.chat_template or "", "details": _details(eng),
                  "model_info": model_info, "capabilities": ["completion", "tools"] + (["insert"] if infill else []),
-                 "modified_at": datetime.fromtimestamp(info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")})
+                 "modified_at": _modified(eng)})
 
 
 async def ps(request: Request) -> Response:
@@ -399,10 +405,7 @@ async def ps(request: Request) -> Response:
         eng = state.require_engine()
     except APIError as e:
         return ollama_error(e)
-    info = eng.target.info
-    name = _ollama_name(state)
-    return JSON({"models": [{"name": name, "model": name, "size": info.file_size, "digest": "", "details": _details(eng),
-                             "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx}]})
+    return JSON({"models": [{**_listed(state, eng), "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx}]})
 
 
 NEVER = "2318-08-08T00:00:00Z"  # Ollama's expires_at for a model kept loaded (keep_alive < 0): far in the future
