@@ -201,8 +201,9 @@ class Engine:
         self.curve = _curve(calibration)
         self.draft_cost = calibration.draft
         self.draft_gate_open = False  # the draft model's hardware gate at the end of the last generation (its hysteresis)
-        # the live check that speculation delivers here (policy.RateGuard), kept across generations like the estimates
-        self.rate_guard = RateGuard()
+        # the live check that speculation delivers here (policy.RateGuard), one per drafter kind (what one drafter
+        # delivers says nothing of another's), kept across generations like the estimates
+        self.rate_guards: dict[str, RateGuard] = {}
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
@@ -606,7 +607,7 @@ class Engine:
             tree_paths=self.target.tree_paths, gate_open=self.draft_gate_open,
         )
         if spec.adaptive:  # a fixed draft length is always obeyed
-            speculator = guarded(speculator, self.rate_guard, cost)
+            speculator = guarded(speculator, self.rate_guards.setdefault(kind, RateGuard()), cost)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(

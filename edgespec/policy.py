@@ -424,7 +424,8 @@ class RateGuard:
     False) for `hold` tokens, then speculates again (a re-probe, judged afresh); each probe that loses again doubles
     the hold, up to max_hold, and one that wins resets it. Whatever the curve says, speculation that loses here is off.
     A run is judged after min_tokens speculative tokens, or once it has taken as long as min_tokens plain tokens would
-    (a re-probe of speculation that loses badly costs no more than that).
+    (a re-probe of speculation that loses badly costs no more than that). A re-probe's first cycle is not judged:
+    it pays the draft's catch-up on the tokens of the hold, which steady speculation does not.
 
     Both rates are decayed sums (per token emitted: the last few dozen tokens weigh most), so they follow a load that
     changes. Plain evidence comes from the cycles the policies decode plainly anyway; where there is none (a lookup
@@ -461,6 +462,7 @@ class RateGuard:
         self._sample_every = sample_every
         self._since_sample = 0  # speculative tokens since plain evidence was last refreshed
         self._fresh_plain = 0  # plain tokens seen since then
+        self._skip = False  # the next speculative cycle opens a re-probe: not judged (see observe)
         # Statistics.
         self.verdicts = 0  # times speculation was found losing and switched off
         self.samples = 0
@@ -483,6 +485,11 @@ class RateGuard:
         plain_hint: the plain rate the cost model expects (1 / T(0)), which spares a plain sample where speculation
         already delivers clear_win times more."""
         if n_tokens < 1 or not (0.0 < seconds < math.inf):
+            return
+        if speculative and self._skip:
+            # the first speculative cycle after a hold pays the draft's catch-up on every token of the hold (up to
+            # max_hold): counted, a long hold would make its own re-probe look losing and double itself
+            self._skip = False
             return
         held = self._hold > 0
         ds, dp = self.decay**n_tokens, self.plain_decay**n_tokens
@@ -544,8 +551,9 @@ class RateGuard:
                 self._sample_every = min(2 * self._sample_every, self.max_sample_every)
             else:
                 self._sample_every = self.base_sample_every
-        else:  # a re-probe: the speculative run that follows is judged on its own cycles
+        else:  # a re-probe: the speculative run that follows is judged on its own cycles, from its second one
             self._spec = [0.0, 0.0]
+            self._skip = True
         self._since_sample = 0
 
     def stats(self) -> dict:

@@ -48,6 +48,7 @@ from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree
 from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
 from .infill import InfillVocab
+from .speculators.guard import unguarded
 from .errors import ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
 from .sampling import PositionalUniforms, warp
@@ -423,7 +424,7 @@ def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:
 
 def bind_constraint(speculator: Any, constraint: TokenConstraint | None) -> None:
     """Let the draft models inside a speculator mask their proposals with the generation's constraint."""
-    speculator = getattr(speculator, "inner", speculator)  # a GuardedSpeculator's
+    speculator = unguarded(speculator)
     for part in (speculator, getattr(speculator, "model", None)):
         if part is not None and hasattr(part, "constraint"):
             part.constraint = constraint

@@ -602,7 +602,7 @@ class EngineState:
         self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
         self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
         self.memory = SuffixIndex()  # the suffix drafters' memory: every prompt and output replayed so far (fresh at the start)
-        self.rate_guard = RateGuard()  # the live check that speculation delivers (Engine.rate_guard), likewise
+        self.rate_guards: dict[str, RateGuard] = {}  # the live checks that speculation delivers, per kind (Engine.rate_guards)
 
 
 def run_one(
@@ -616,6 +616,7 @@ def run_one(
     from edgespec.config import SamplingParams
     from edgespec.costs import CostModel, VerifyCurve
     from edgespec.speculate import speculate
+    from edgespec.policy import RateGuard
     from edgespec.speculators import draft_gate_open, guarded, make_speculator, model_draft_used
     from edgespec.stats import GenerationStats
 
@@ -641,7 +642,7 @@ def run_one(
                                      draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta),
                                      gate_open=state.draft_gate_open)
         if spec.adaptive:  # as the engine does (Engine._run)
-            speculator = guarded(speculator, state.rate_guard, cm)
+            speculator = guarded(speculator, state.rate_guards.setdefault(kind, RateGuard()), cm)
         if model_draft_used(kind, spec, cm, state.draft_gate_open) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()

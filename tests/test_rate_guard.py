@@ -179,3 +179,21 @@ def test_the_loop_feeds_the_guard_whole_cycle_periods(batch_factor, expect_spec)
     spec_share = sum(1 for o in late if o.n_drafted) / len(late)
     assert (spec_share > 0.9) if expect_spec else (spec_share < 0.2)
     assert "guard" in g.stats()
+
+
+def test_a_reprobe_is_not_judged_on_its_catch_up_cycle():
+    """The first speculative cycle after a hold pays the draft's catch-up on the hold's tokens: judged on it, a re-probe
+    of speculation that now wins (20 tok/s against 10 plain) would look losing and double the hold."""
+    g = RateGuard(hold=32)
+    for _ in range(40):
+        g.observe(False, 1, 0.1)  # plain: 10 tok/s
+    while g.allow():
+        g.observe(True, 4, 1.0)  # losing: 4 tok/s
+    assert g.verdicts == 1
+    while not g.allow():
+        g.observe(False, 1, 0.1)
+    g.observe(True, 4, 3.2 + 0.2)  # the re-probe's first cycle: 32 tokens of catch-up, then the cycle itself
+    for _ in range(12):
+        g.observe(True, 4, 0.2)  # steady: 20 tok/s
+    assert g.verdicts == 1 and g.allow()
+    assert g.speculative_rate is not None and g.speculative_rate > 15
