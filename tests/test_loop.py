@@ -322,7 +322,9 @@ def test_bad_inputs_are_config_errors():
     with pytest.raises(ConfigError):
         run(FakeModel(), [1, V], sp, np.random.default_rng(0), 5)
     with pytest.raises(ConfigError):
-        run(FakeModel(), [1], sp, np.random.default_rng(0), 0)
+        run(FakeModel(), [1], sp, np.random.default_rng(0), -1)
+    out, _ = run(FakeModel(), [1], sp, np.random.default_rng(0), 0)  # 0: the prompt only (llama-server's n_predict 0)
+    assert out == []
     with pytest.raises(ContextFullError):
         run(FakeModel(8), list(range(7)) * 2, sp, np.random.default_rng(0), 5)
 
