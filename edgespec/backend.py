@@ -39,7 +39,14 @@ from .infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
 from .threads import ThreadTuner, candidate_counts
 
-import llama_cpp as C  # noqa: E402  (after the pure imports on purpose: this is the one place)
+try:  # after the pure imports on purpose: this is the one place
+    import llama_cpp as C  # noqa: E402
+except (RuntimeError, OSError) as _e:  # llama_cpp raises RuntimeError when libllama (or a library it needs) cannot load
+    raise BackendError(
+        f"llama.cpp's library could not be loaded ({str(_e).splitlines()[0] if str(_e) else type(_e).__name__}); a CUDA "
+        "build needs the CUDA runtime and cuBLAS libraries on the library path: rebuild for this machine with "
+        "scripts/setup.sh (docs/setup.md)"
+    ) from None
 
 _LOG_CB = None
 _INIT_LOCK = threading.Lock()

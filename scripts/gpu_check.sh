@@ -8,7 +8,8 @@
 #   GPU_CHECK_QUICK=1 bash scripts/gpu_check.sh       # plumbing only: tiny models, a few sizes, one test file
 #
 # Steps (each one's status, seconds and result go into the JSON; a failed step does not stop the later ones):
-#   1 build    with nvcc and a GPU (nvidia-smi -L): pip wheel of the carried llama-cpp-python with -DGGML_CUDA=on for
+#   1 build    with nvcc and a GPU (nvidia-smi -L): the bundle's prebuilt/ wheel when it was made for this GPU's compute
+#              capability and this CPU has the flags it needs (no build: seconds); else pip wheel of the carried llama-cpp-python with -DGGML_CUDA=on for
 #              the GPU's compute capability only (nvidia-smi --query-gpu=compute_cap), no tests/examples/tools/llava,
 #              no NCCL, Ninja, all cores; --no-build-isolation --no-deps (scikit-build-core, cmake and ninja must be
 #              there: the machine has no network). cuBLAS is looked up in the CUDA toolkit, then in Python's nvidia
@@ -164,7 +165,25 @@ if [ "$HAVE_GPU" = 1 ]; then
   done
   KEY="$(printf '%s|%s' "$ARGS" "$("$PY" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-12)"
   WHEELDIR="$WORK/wheel-$KEY"
-  if ls "$WHEELDIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  # a wheel built ahead (make_gpu_bundle.sh's prebuilt/) for this GPU's compute capability and CPU flags this CPU has
+  PRE="$BUNDLE/prebuilt"
+  PRE_OK=0
+  if [ -f "$PRE/CUDA_ARCH" ] && [ -f "$PRE/llama_cpp.tar.gz" ]; then
+    if [ "$(cat "$PRE/CUDA_ARCH")" = "$CC" ]; then
+      PRE_OK=1
+      CPUFLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+      for f in $(cat "$PRE/CPU_FLAGS" 2>/dev/null); do
+        case "$CPUFLAGS" in *" $f "*) ;; *) PRE_OK=0; log "build: prebuilt wheel needs CPU flag $f, which this CPU lacks";; esac
+      done
+    else
+      log "build: prebuilt wheel is for sm_$(cat "$PRE/CUDA_ARCH"), this GPU is sm_$CC"
+    fi
+  fi
+  if [ "$PRE_OK" = 1 ]; then
+    log "build: using the prebuilt build ($(cat "$PRE/CMAKE_ARGS"))"
+    ARGS="$(cat "$PRE/CMAKE_ARGS")"
+    STATUS=prebuilt
+  elif ls "$WHEELDIR"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     log "build: reusing $WHEELDIR"
     STATUS=cached
   elif [ ! -f "$BUNDLE/llama-cpp-python/pyproject.toml" ]; then
@@ -183,9 +202,18 @@ if [ "$HAVE_GPU" = 1 ]; then
     fi
     tail -40 "$WORK/build.log" >> "$LOG"
   fi
-  if [ "$STATUS" != failed ]; then
+  if [ "$STATUS" = prebuilt ]; then
+    rm -rf "$SITE"; mkdir -p "$SITE"
+    tar xzf "$PRE/llama_cpp.tar.gz" -C "$SITE" >>"$LOG" 2>&1 || STATUS=failed
+    for w in "$BUNDLE"/wheels/*.whl; do [ -f "$w" ] && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$w" >>"$LOG" 2>&1; done
+    export PYTHONPATH="$SITE:$PYTHONPATH"
+  elif [ "$STATUS" != failed ]; then
     rm -rf "$SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELDIR"/llama_cpp_python-*.whl $(ls "$BUNDLE"/wheels/*.whl 2>/dev/null) >>"$LOG" 2>&1 || STATUS=failed
+    if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELDIR"/llama_cpp_python-*.whl $(ls "$BUNDLE"/wheels/*.whl 2>/dev/null) >>"$LOG" 2>&1; then
+      # a wheel tagged for another Python: unpacked (its libraries and ctypes bindings do not depend on the version)
+      "$PY" -m zipfile -e "$(ls "$WHEELDIR"/llama_cpp_python-*.whl | head -1)" "$SITE" >>"$LOG" 2>&1 || STATUS=failed
+      for w in "$BUNDLE"/wheels/*.whl; do [ -f "$w" ] && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$w" >>"$LOG" 2>&1; done
+    fi
     export PYTHONPATH="$SITE:$PYTHONPATH"
   fi
   echo "{\"cmake_args\": \"$ARGS\", \"compute_cap\": \"$CC\", \"note\": \"$CUDA_NOTE\"}" > "$WORK/build.json"

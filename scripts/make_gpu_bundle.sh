@@ -12,6 +12,12 @@
 #                       gguf-py stays (the synthetic models are written with it).
 #   wheels/             pure-Python wheels edgespec imports that the GPU machine's image lacks (platformdirs,
 #                       prompt_toolkit + wcwidth, diskcache for llama_cpp), the versions of this .venv.
+#   prebuilt/           when setup.sh has built a CUDA wheel for compute capability $EDGESPEC_CUDA_ARCH (default 90,
+#                       the H100/H200) and it fits: its llama_cpp package (llama_cpp.tar.gz, each library once), its CUDA_ARCH, the CPU flags it needs (CPU_FLAGS) and
+#                       its CMAKE_ARGS; gpu_check.sh installs it instead of building when the GPU and CPU match.
+#                       Built here, on any machine with nvcc (no GPU needed):
+#                         EDGESPEC_CUDA_ARCH=90 PYTHON=python3.12 EDGESPEC_VENV=/tmp/cuda-venv scripts/setup.sh
+#                       (PYTHON: the GPU machine's Python; the wheel's libraries do not depend on it, its tag does).
 #   MANIFEST            what is where, with sizes.
 #
 # The sdist comes from /work/ref/llama_cpp_python-<version> when it is there, else from
@@ -76,10 +82,60 @@ if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.1
   log "warning: could not download ${specs[*]} (no network?); gpu_check.sh will do without them"
 fi
 
+# a prebuilt CUDA wheel from setup.sh's cache (EDGESPEC_CUDA_ARCH builds), newest first, when it fits
+ARCH="${EDGESPEC_CUDA_ARCH:-90}"
+PREBUILT=""
+for d in $(ls -dt "$CACHE"/wheels/llama-cpp-python-"$VERSION"-* 2>/dev/null); do
+  [ -f "$d/CMAKE_ARGS" ] && grep -q -- "-DCMAKE_CUDA_ARCHITECTURES=${ARCH}-real" "$d/CMAKE_ARGS" || continue
+  PREBUILT="$(ls "$d"/llama_cpp_python-*.whl 2>/dev/null | head -1)"
+  [ -n "$PREBUILT" ] && break
+done
+if [ -n "$PREBUILT" ]; then
+  # the wheel repeats each library under every one of its names (145 MiB for sm_90); the package is repacked with
+  # each library once and its other names as symbolic links (about 23 MiB as .tar.gz)
+  REPACK="$BUNDLE.tmp/repack"
+  mkdir -p "$REPACK"
+  "$PY" - "$PREBUILT" "$REPACK" <<'PYEOF'
+import hashlib, os, sys, zipfile
+z, out, seen = zipfile.ZipFile(sys.argv[1]), sys.argv[2], {}
+for i in z.infolist():
+    if not i.filename.startswith("llama_cpp/") or i.is_dir():
+        continue
+    data, path = z.read(i), os.path.join(out, i.filename)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    h = hashlib.sha256(data).hexdigest()
+    if h in seen and os.path.dirname(seen[h]) == os.path.dirname(path) and len(data) > 4096:
+        os.symlink(os.path.basename(seen[h]), path)
+    else:
+        seen[h] = path
+        with open(path, "wb") as f:
+            f.write(data)
+        os.chmod(path, 0o755 if ".so" in path else 0o644)
+PYEOF
+  mkdir -p "$BUNDLE.tmp/prebuilt"
+  tar czf "$BUNDLE.tmp/prebuilt/llama_cpp.tar.gz" -C "$REPACK" llama_cpp
+  rm -rf "$REPACK"
+  have_kib="$(du -sk "$BUNDLE.tmp" | cut -f1)"
+  if [ "$have_kib" -le $((LIMIT_MIB * 1024)) ]; then
+    cp "$(dirname "$PREBUILT")/CMAKE_ARGS" "$BUNDLE.tmp/prebuilt/"
+    echo "$ARCH" > "$BUNDLE.tmp/prebuilt/CUDA_ARCH"
+    # the /proc/cpuinfo flags its CPU code was built for (GGML_<FLAG>=ON)
+    tr ' ' '\n' < "$BUNDLE.tmp/prebuilt/CMAKE_ARGS" | sed -n 's/^-DGGML_\(AVX\|AVX2\|FMA\|F16C\|BMI2\|AVX512\)=ON$/\1/p' \
+      | tr 'A-Z' 'a-z' | sed 's/^avx512$/avx512f/' | tr '\n' ' ' > "$BUNDLE.tmp/prebuilt/CPU_FLAGS"
+    log "prebuilt CUDA build for sm_$ARCH from $(basename "$PREBUILT"): $(du -k "$BUNDLE.tmp/prebuilt/llama_cpp.tar.gz" | cut -f1) KiB"
+  else
+    rm -rf "$BUNDLE.tmp/prebuilt"
+    log "prebuilt CUDA build from $(basename "$PREBUILT") does not fit $LIMIT_MIB MiB with the sources: left out"
+  fi
+else
+  log "no prebuilt CUDA wheel for sm_$ARCH in $CACHE/wheels (EDGESPEC_CUDA_ARCH=$ARCH scripts/setup.sh makes one): gpu_check.sh will build"
+fi
+
 {
   echo "llama-cpp-python $VERSION, trimmed from $SRC on $(date -u +%Y-%m-%dT%H:%MZ)"
   (cd "$BUNDLE.tmp" && du -sh ./* llama-cpp-python/vendor/llama.cpp/* llama-cpp-python/vendor/llama.cpp/ggml/src/ggml-* 2>/dev/null)
   ls "$BUNDLE.tmp/wheels"
+  ls -l "$BUNDLE.tmp/prebuilt" 2>/dev/null
 } > "$BUNDLE.tmp/MANIFEST"
 
 rm -rf "$BUNDLE"

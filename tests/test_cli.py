@@ -312,3 +312,19 @@ def test_serve_listens_on_loopback_unless_told_otherwise():
 
     host = next(p for p in serve.params if p.name == "host")
     assert host.default == "127.0.0.1"
+
+
+def test_a_llama_cpp_that_cannot_load_is_one_line(tiny, tmp_path):
+    """A CUDA build on a machine without the CUDA runtime or cuBLAS: llama_cpp raises RuntimeError at import (as
+    llama_cpp._ctypes_extensions does); the CLI says so in one line and exits 1, no traceback."""
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise RuntimeError(\"Failed to load shared library 'libllama.so': libcublas.so.13: cannot open shared object file\")\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-m", "edgespec", "generate", "hi", "--target", str(tiny["target"]), "--no-draft", "--max-tokens", "2"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "llama.cpp's library could not be loaded" in p.stderr and "libcublas.so.13" in p.stderr
