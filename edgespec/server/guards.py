@@ -8,7 +8,7 @@ import ipaddress
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .metrics import Metrics
-from .responses import error_response
+from .core import error_response
 from .schema import APIError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}

@@ -1,5 +1,8 @@
-"""What the server writes back: a generation as one JSON answer or as server-sent events, with its statistics
-(`usage`, llama-server's `timings`, and `edgespec`), and OpenAI-shaped errors."""
+"""What the server writes back: `GenerationResponse`, the ASGI response that writes one generation (the OpenAI
+chat/completions shapes, as one JSON answer or as server-sent events) while watching for the client leaving, and
+that the other routes' writers subclass; its statistics (`usage`, llama-server's `timings`, and `edgespec`); the
+ignored-parameters header. Tool calls in an answer are read here only (structured.parse_tool_calls and
+structured.ToolCallSplitter), for every route."""
 
 from __future__ import annotations
 
@@ -7,20 +10,19 @@ import logging
 import re
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..structured import ToolCallSplitter, parse_tool_calls
-from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, TemplateError
 from . import sse
+from .core import api_error, error_response, send_json
 from .schema import APIError, CompletionRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .app import RequestRecord, ServerState
+    from .core import RequestRecord, ServerState
 
 log = logging.getLogger("edgespec.server")
 # "constraint": the grammar dead-ended (the output is incomplete); not one of OpenAI's values, on purpose
@@ -110,7 +112,7 @@ class GenerationResponse:
         self._chars = 0
         self.headers = ignored_headers(req.ignored)
         self.logprobs: list[Any] = []  # speculate.TokenLogprob of every token so far (when asked for)
-        self.prompt_ids: list[int] = []  # the prompt's tokens (set by app._generate)
+        self.prompt_ids: list[int] = []  # the prompt's tokens (set by core.generate)
 
     # -- tool calls (every route reads them here)
     def _tool_names(self) -> list[str] | None:
@@ -245,7 +247,7 @@ class GenerationResponse:
             return None
         api, reason = self._outcome()
         if api is not None:
-            await _send_json(send, api.status, api.body(), api.headers)
+            await send_json(send, api.status, api.body(), api.headers)
             return None
         return reason
 
@@ -276,7 +278,7 @@ class GenerationResponse:
             "usage": usage(stats),
             **self._stats_fields(),
         }
-        await _send_json(send, 200, body, self.headers)
+        await send_json(send, 200, body, self.headers)
 
     # -- streaming
     def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -409,39 +411,6 @@ def _finite(v: float) -> float:
     return v if v > -9999.0 else -9999.0
 
 
-async def _send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
-    data = sse.dumps(body)
-    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    hdrs += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-def api_error(e: BaseException) -> APIError:
-    """An exception from the engine as the HTTP error a client should see."""
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, ContextFullError):
-        return APIError(400, str(e), code="context_length_exceeded")
-    if isinstance(e, (ConfigError, TemplateError)):
-        return APIError(400, str(e))
-    if isinstance(e, EngineClosedError):
-        return APIError(503, "the server is shutting down", code="shutting_down")
-    if isinstance(e, EdgespecError):
-        return APIError(500, str(e), code="engine_error")
-    log.error("generation failed", exc_info=e)
-    return APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
-
-
-class JSON(JSONResponse):
-    def render(self, content: Any) -> bytes:
-        return sse.dumps(content)
-
-
-def error_response(e: APIError) -> Response:
-    return JSON(e.body(), status_code=e.status, headers=e.headers)
-
-
-
-__all__ = ["GenerationResponse", "header_safe", "ignored_headers",
-           "IGNORED_HEADER", "usage", "timings", "edgespec_stats", "JSON", "error_response", "api_error", "FINISH"]
+# error_response is core's, named here too for edgespec/cli/serve.py
+__all__ = ["GenerationResponse", "header_safe", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats",
+           "FINISH", "error_response"]

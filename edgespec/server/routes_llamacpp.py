@@ -29,7 +29,8 @@ from .. import __version__
 from ..errors import ConfigError, EdgespecError, TemplateError
 from ..infill import ExtraChunk, indent_cut
 from . import schema, sse
-from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
+from .core import JSON, generate, read_body, send_json, server_state
+from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .schema import APIError, CompletionRequest, InfillInput, bad
 
 # llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
@@ -40,12 +41,6 @@ STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"
 # pieces an object each): 4 MiB is ~4M ids at most, ~0.2 GiB; a 28 MB content took 1-2 GiB
 TOKENIZE_MAX_BYTES = 4 * 2**20
 TOKENIZE_PIECES_MAX_BYTES = 2**20
-
-
-def _app_fns() -> Any:
-    from . import app  # the route functions live in app.py (imported lazily: app imports this module)
-
-    return app
 
 
 # --------------------------------------------------------------------------------------------- parsing
@@ -250,9 +245,9 @@ class LlamaCompletionResponse(GenerationResponse):
             return
         api, stop_type = self._result()
         if api is not None:
-            await _send_json(send, api.status, api.body(), api.headers)
+            await send_json(send, api.status, api.body(), api.headers)
             return
-        await _send_json(send, 200, self._final(stop_type, self._content()), self.headers)
+        await send_json(send, 200, self._final(stop_type, self._content()), self.headers)
 
     async def _stream(self, send: Send) -> None:
         await self._start(send)
@@ -280,18 +275,15 @@ def _response_for(body_hint: dict[str, Any]) -> type[LlamaCompletionResponse]:
 
 
 async def _llama_generate(request: Request, parse: Any, kind: str) -> Any:
-    app = _app_fns()
-    state = app._state(request)
-    state.require_engine()
-    body = await app.read_json(request, state.settings.max_body_bytes)
+    body = await read_body(request)
     try:
         hint = {"t_max": _t_max(body), "return_tokens": bool(body.get("return_tokens")),
                 "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else "",
                 "fields": _response_fields(body), "n_indent": _n_indent(body)}
     except APIError:
-        app._state(request).metrics.rejected["invalid"] += 1
+        server_state(request).metrics.rejected["invalid"] += 1
         raise
-    return await app._generate(request, lambda _b: parse(body), kind, _response_for(hint), body=body)
+    return await generate(request, lambda _b: parse(body), kind, _response_for(hint), body=body)
 
 
 async def completion(request: Request) -> Any:
@@ -303,13 +295,6 @@ async def infill(request: Request) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- tokens, templates, props
-async def _body(request: Request) -> dict[str, Any]:
-    app = _app_fns()
-    state = app._state(request)
-    state.require_engine()
-    return await app.read_json(request, state.settings.max_body_bytes)
-
-
 def _piece(b: bytes) -> Any:
     try:
         return b.decode("utf-8")
@@ -318,7 +303,7 @@ def _piece(b: bytes) -> Any:
 
 
 async def tokenize(request: Request) -> Response:
-    body = await _body(request)
+    body = await read_body(request)
     content = body.get("content")
     if not isinstance(content, str):
         raise bad("content", "content must be a string" if content is not None else "content is required",
@@ -334,7 +319,7 @@ async def tokenize(request: Request) -> Response:
     if size > limit:
         raise bad("content", f"content is {size} bytes of UTF-8; /tokenize takes at most {limit}"
                   + (" with with_pieces" if flags["with_pieces"] else "") + " (send it in parts)")
-    eng = _app_fns()._state(request).engine
+    eng = server_state(request).engine
     ids = await anyio.to_thread.run_sync(
         lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
     out: Any = [{"id": t, "piece": _piece(eng.target.token_bytes(t, special=True))} for t in ids] if flags["with_pieces"] else ids
@@ -342,9 +327,9 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    body = await _body(request)
+    body = await read_body(request)
     toks = body.get("tokens")
-    eng = _app_fns()._state(request).engine
+    eng = server_state(request).engine
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
         raise bad("tokens", "tokens must be an array of token ids")
     bad_ids = [t for t in toks if not 0 <= t < eng.target.n_vocab]
@@ -355,9 +340,9 @@ async def detokenize(request: Request) -> Response:
 
 
 async def apply_template(request: Request) -> Response:
-    body = await _body(request)
+    body = await read_body(request)
     req = schema.parse_chat({"messages": body.get("messages")})
-    eng = _app_fns()._state(request).engine
+    eng = server_state(request).engine
     try:
         prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages))
     except (TemplateError, ConfigError) as e:
@@ -366,7 +351,7 @@ async def apply_template(request: Request) -> Response:
 
 
 async def props(request: Request) -> Response:
-    state = _app_fns()._state(request)
+    state = server_state(request)
     eng = state.require_engine()
     t = eng.target
     try:

@@ -34,8 +34,10 @@ from starlette.types import Send
 
 from .. import __version__
 from ..errors import ConfigError, TemplateError
-from . import schema
-from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, timings
+from . import schema, sse
+from . import core
+from .core import JSON, read_body, send_json, server_state
+from .responses import GenerationResponse, edgespec_stats, timings
 from .schema import APIError, CompletionRequest, InfillInput, bad, unsupported
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -55,12 +57,6 @@ CHAT_KEYS = frozenset({"model", "messages", "stream", "options", "keep_alive", "
 GENERATE_KEYS = frozenset({"model", "prompt", "suffix", "system", "template", "raw", "context", "images", "stream",
                            "options", "keep_alive", "format", "think", "logprobs", "top_logprobs"})
 OLLAMA_VERSION = "0.12.11"  # the first Ollama with logprobs, the newest feature of its API served here
-
-
-def _app_fns() -> Any:
-    from . import app
-
-    return app
 
 
 def _now() -> str:
@@ -274,14 +270,12 @@ class OllamaResponse(GenerationResponse):
             return
         api, reason = self._outcome()
         if api is not None:
-            await _send_json(send, api.status, {"error": api.message}, api.headers)
+            await send_json(send, api.status, {"error": api.message}, api.headers)
             return
         content, calls = self._tool_calls(self.gen.text)
-        await _send_json(send, 200, self._final(reason, content, calls, self.logprobs), self.headers)
+        await send_json(send, 200, self._final(reason, content, calls, self.logprobs), self.headers)
 
     async def _stream(self, send: Send) -> None:
-        from . import sse
-
         await self._start(send, NDJSON_HEADERS)
 
         async def line(obj: Any) -> None:
@@ -318,16 +312,15 @@ class OllamaGenerateResponse(OllamaResponse):
 
 # --------------------------------------------------------------------------------------------- routes
 async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: str) -> Any:
-    app = _app_fns()
     try:
-        state = app._state(request)
-        eng = state.require_engine()
-        body = await app.read_json(request, state.settings.max_body_bytes)
+        state = server_state(request)
+        body = await read_body(request)
+        eng = state.engine
         if cls is OllamaGenerateResponse and not body.get("prompt") and not body.get("suffix"):
             _common(body, eng.target.n_ctx, GENERATE_KEYS)  # the checks still apply
             # Ollama: an empty prompt loads the model and answers at once
             return JSON({"model": state.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
-        return await app._generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body)
+        return await core.generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body)
     except APIError as e:
         return ollama_error(e)
 
@@ -364,7 +357,7 @@ def _modified(eng: Any) -> str:
 
 
 async def tags(request: Request) -> Response:
-    state = _app_fns()._state(request)
+    state = server_state(request)
     try:
         eng = state.require_engine()
     except APIError as e:
@@ -373,11 +366,10 @@ async def tags(request: Request) -> Response:
 
 
 async def show(request: Request) -> Response:
-    app = _app_fns()
-    state = app._state(request)
+    state = server_state(request)
     try:
-        eng = state.require_engine()
-        body = await app.read_json(request, state.settings.max_body_bytes)
+        body = await read_body(request)
+        eng = state.engine
         want = body.get("model", body.get("name"))
         if not isinstance(want, str) or not want:
             raise bad("model", "model is required")
@@ -400,7 +392,7 @@ async def show(request: Request) -> Response:
 
 async def ps(request: Request) -> Response:
     """The loaded model (one, for the server's life: it never expires)."""
-    state = _app_fns()._state(request)
+    state = server_state(request)
     try:
         eng = state.require_engine()
     except APIError as e:

@@ -18,10 +18,7 @@ response's `instructions` are not carried over.
 
 from __future__ import annotations
 
-import json
 import secrets
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -29,12 +26,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
 
-from . import schema
-from .responses import JSON, GenerationResponse, _send_json, edgespec_stats, ignored_headers, timings
+from . import schema, sse
+from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
+from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .schema import APIError, CompletionRequest, bad, unsupported
 
-STORE_SIZE = 256  # responses kept for previous_response_id
-STORE_BYTES = 64 * 2**20  # and at most this much of them (their JSON)
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -46,57 +42,6 @@ KNOWN = frozenset({"model", "input", "instructions", "previous_response_id", "ma
                    "stream_options", "conversation", "prompt", "metadata"})
 # parameter -> the chat completions key it becomes (for errors chat completions raises)
 RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
-
-
-@dataclass
-class Stored:
-    messages: list[dict[str, Any]]  # the conversation so far, the response's own output last
-    body: dict[str, Any]  # the response object
-
-
-class ResponseStore:
-    """The last `size` stored responses, at most `max_bytes` of them in all (their JSON: the response object and the
-    conversation kept with it); the oldest go first, and one larger than max_bytes on its own is not kept. Thread-safe."""
-
-    def __init__(self, size: int = STORE_SIZE, max_bytes: int = STORE_BYTES) -> None:
-        self.size = size
-        self.max_bytes = max_bytes
-        self.n_bytes = 0
-        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, rid: str, item: Stored) -> None:
-        n = _json_size([item.messages, item.body])
-        with self._lock:
-            old = self._items.pop(rid, None)
-            if old is not None:
-                self.n_bytes -= old[1]
-            if n > self.max_bytes:
-                return
-            self._items[rid] = (item, n)
-            self.n_bytes += n
-            while len(self._items) > self.size or self.n_bytes > self.max_bytes:
-                self.n_bytes -= self._items.popitem(last=False)[1][1]
-
-    def get(self, rid: str) -> Stored | None:
-        with self._lock:
-            kept = self._items.get(rid)
-            return kept[0] if kept is not None else None
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-
-def _json_size(obj: Any) -> int:
-    """The bytes `obj` takes as JSON (UTF-8 counted as characters: a bound close enough for a memory budget)."""
-    return len(json.dumps(obj, ensure_ascii=False, default=str))
-
-
-def _store(state: Any) -> ResponseStore:
-    if state.stored is None:
-        state.stored = ResponseStore()
-    return state.stored
 
 
 # --------------------------------------------------------------------------------------------- the request
@@ -360,7 +305,7 @@ class ResponsesResponse(GenerationResponse):
 
     def _keep(self, body: dict[str, Any]) -> None:
         if self.ri.store and body["status"] in ("completed", "incomplete"):
-            _store(self.state).put(self.id, Stored(self.ri.messages + [self._kept], body))
+            self.state.stored.put(self.id, Stored(self.ri.messages + [self._kept], body))
 
     async def _complete(self, send: Send) -> None:
         reason = await self._run_to_end(send)
@@ -368,11 +313,9 @@ class ResponsesResponse(GenerationResponse):
             return
         body = self._object("incomplete" if reason == "length" else "completed", self.gen.text, reason)
         self._keep(body)
-        await _send_json(send, 200, body, self.headers)
+        await send_json(send, 200, body, self.headers)
 
     def _event(self, kind: str, **data: Any) -> bytes:
-        from . import sse
-
         payload = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
         return f"event: {kind}\n".encode() + sse.event(payload)
@@ -445,33 +388,28 @@ class ResponsesResponse(GenerationResponse):
 
 # --------------------------------------------------------------------------------------------- routes
 async def create(request: Request) -> Any:
-    from . import app
-
-    state = app._state(request)
-    state.require_engine()
-    body = await app.read_json(request, state.settings.max_body_bytes)
+    state = server_state(request)
+    body = await read_body(request)
     holder: dict[str, ResponsesInput] = {}
 
     def parse(b: Mapping[str, Any]) -> CompletionRequest:
-        req, holder["ri"] = parse_responses(b, _store(state))
+        req, holder["ri"] = parse_responses(b, state.stored)
         return req
 
-    out = await app._generate(request, parse, "chat", ResponsesResponse, body=body)
+    out = await generate(request, parse, "chat", ResponsesResponse, body=body)
     out.ri = holder["ri"]
     return out
 
 
 async def retrieve(request: Request) -> Response:
-    from . import app
-
-    state = app._state(request)
+    state = server_state(request)
     state.require_engine()
     rid = request.path_params["response_id"]
-    item = _store(state).get(rid)
+    item = state.stored.get(rid)
     if item is None:
         raise APIError(404, f"Response with id '{rid}' not found", param="response_id", code="not_found")
     return JSON(item.body, headers=ignored_headers(()))
 
 
-__all__ = ["create", "retrieve", "to_chat_body", "parse_responses", "ResponseStore"]
+__all__ = ["create", "retrieve", "to_chat_body", "parse_responses", "ResponseStore", "Stored"]
 

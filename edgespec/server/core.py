@@ -1,0 +1,378 @@
+"""The server's core, which every route calls: its state (the engine, the request records, the Responses store),
+reading a request body, sending JSON, and the one generate path (`generate`: parse in a worker thread, tokenize,
+check the context, queue `Engine.stream`). The route modules (routes_openai, routes_llamacpp, routes_ollama,
+routes_responses) translate their wire format to a `schema.CompletionRequest` and a response writer
+(responses.GenerationResponse or a subclass) and call `generate`; this module imports none of them.
+
+The engine is called from here only (`prepare`): a change to `Engine.stream`'s keywords is a change in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import anyio
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Send
+
+from ..constraint import ConstraintError
+from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from . import schema, sse
+from .metrics import Metrics
+from .schema import APIError, CompletionRequest
+
+log = logging.getLogger("edgespec.server")
+
+STORE_SIZE = 256  # /v1/responses kept for previous_response_id
+STORE_BYTES = 64 * 2**20  # and at most this much of them (their JSON)
+
+
+# --------------------------------------------------------------------------------------------- settings, state
+@dataclass(frozen=True)
+class Settings:
+    """How the server behaves (the engine's own settings live in the engine).
+
+    api_key: when set, every endpoint but /health wants `Authorization: Bearer <api_key>` (401 otherwise).
+    cors_origins: browser origins allowed besides pages served from localhost ("*" = any).
+    host: the address the server listens on; on a loopback address, requests must name a loopback host in their
+        Host header (a defence against DNS rebinding: a web page cannot reach the server through its own domain).
+    model_alias: the model id to report (default: the target file's name without .gguf).
+    max_body_bytes: the largest request body (413 beyond).
+    retry_after: seconds a client is told to wait when the queue is full.
+    history: how many finished requests' records to keep (RequestRecord; for tests and debugging).
+    """
+
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    model_alias: str | None = None
+    max_body_bytes: int = 32 * 2**20
+    retry_after: int = 1
+    history: int = 1024
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one generation request (kept in ServerState.records)."""
+
+    id: str
+    kind: str
+    stream: bool
+    n_prompt: int
+    max_tokens: int
+    client_left: bool = False
+    tokens_at_cancel: int | None = None  # tokens generated when the server cancelled the job
+    started: bool | None = None  # False: cancelled while queued, never ran
+    done: bool = False
+    finish_reason: str | None = None  # the engine's ("eos", "stop", "length", "context", "cancelled") or "error"
+    n_generated: int = 0
+    overrun: int = 0  # tokens generated after the cancel (at most one speculative cycle's)
+    error: str | None = None
+
+
+@dataclass
+class Stored:
+    """One stored /v1/responses answer."""
+
+    messages: list[dict[str, Any]]  # the conversation so far, the response's own output last
+    body: dict[str, Any]  # the response object
+
+
+class ResponseStore:
+    """The last `size` stored responses, at most `max_bytes` of them in all (their JSON: the response object and the
+    conversation kept with it); the oldest go first, and one larger than max_bytes on its own is not kept. Thread-safe."""
+
+    def __init__(self, size: int = STORE_SIZE, max_bytes: int = STORE_BYTES) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self.n_bytes = 0
+        self._items: OrderedDict[str, tuple[Stored, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, rid: str, item: Stored) -> None:
+        n = json_size([item.messages, item.body])
+        with self._lock:
+            old = self._items.pop(rid, None)
+            if old is not None:
+                self.n_bytes -= old[1]
+            if n > self.max_bytes:
+                return
+            self._items[rid] = (item, n)
+            self.n_bytes += n
+            while len(self._items) > self.size or self.n_bytes > self.max_bytes:
+                self.n_bytes -= self._items.popitem(last=False)[1][1]
+
+    def get(self, rid: str) -> Stored | None:
+        with self._lock:
+            kept = self._items.get(rid)
+            return kept[0] if kept is not None else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def json_size(obj: Any) -> int:
+    """The bytes `obj` takes as JSON (UTF-8 counted as characters: a bound close enough for a memory budget)."""
+    return len(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    engine: Any = None
+    factory: Callable[[], Any] | None = None
+    on_load_error: Callable[[BaseException], None] | None = None
+    load_error: str | None = None
+    loaded_at: int = 0
+    metrics: Metrics = field(default_factory=Metrics)
+    records: deque = field(init=False)  # the last settings.history RequestRecords
+    closing: bool = False
+    live: set = field(default_factory=set)  # GenerationResponses being written
+    stored: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept for previous_response_id
+
+    def __post_init__(self) -> None:
+        self.records = deque(maxlen=self.settings.history)
+
+    def set_engine(self, engine: Any) -> None:
+        self.loaded_at = int(time.time())
+        self.engine = engine
+
+    def require_engine(self) -> Any:
+        if self.engine is None:
+            if self.load_error is not None:
+                raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+            raise APIError(503, "Loading model", code="loading")
+        if self.closing or self.engine.closed:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        return self.engine
+
+    @property
+    def model_id(self) -> str:
+        if self.settings.model_alias:
+            return self.settings.model_alias
+        return model_stem(self.engine.target.spec.path)
+
+    # -- loading in a thread
+    def start_loading(self) -> None:
+        if self.factory is None:
+            return
+        threading.Thread(target=self._load, name="edgespec-load", daemon=True).start()
+
+    def _load(self) -> None:
+        assert self.factory is not None
+        try:
+            engine = self.factory()
+        except BaseException as e:  # noqa: BLE001 - reported on /health and to the command
+            self.load_error = str(e) if isinstance(e, EdgespecError) else f"{type(e).__name__}: {e}"
+            log.error("the model failed to load: %s", self.load_error)
+            if self.on_load_error is not None:
+                self.on_load_error(e)
+            return
+        if self.closing:
+            engine.close()
+            return
+        self.set_engine(engine)
+
+    def begin_shutdown(self) -> None:
+        """The server is stopping: refuse new generations and cancel those queued or running, so that their clients
+        get a final error event at once instead of waiting out the graceful-shutdown timeout. Call it from the event
+        loop's thread (e.g. uvicorn's signal handler)."""
+        self.closing = True
+        for response in list(self.live):
+            response.gen.cancel()
+
+    def shutdown(self) -> None:
+        self.closing = True
+        if self.factory is not None and self.engine is not None:
+            self.engine.close()  # cancels what still runs; queued generations never start
+
+
+def model_stem(path: str) -> str:
+    """A model file's name without .gguf (the model id reported by default)."""
+    name = Path(path).name
+    return name[:-5] if name.lower().endswith(".gguf") else name
+
+
+def server_state(request: Request) -> ServerState:
+    """The state of the app serving `request`."""
+    return request.app.state.edgespec
+
+
+# --------------------------------------------------------------------------------------------- reading, sending
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's body as a JSON object: 415 without a JSON Content-Type, 413 past `limit` bytes, 400 for what
+    is not one JSON object (schema.parse_json; edgespec/untrusted.py bounds its nesting)."""
+    ctype = request.headers.get("content-type")
+    media = (ctype or "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        got = f"Content-Type {ctype!r}" if ctype else "no Content-Type"
+        raise APIError(415, f"send the request body as JSON with Content-Type: application/json (got {got})", code="unsupported_media_type")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    parts, size = [], 0
+    try:
+        async for piece in request.stream():
+            size += len(piece)
+            if size > limit:
+                raise APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+            parts.append(piece)
+    except ClientDisconnect:
+        raise APIError(400, "the client closed the connection while sending the request") from None
+    return schema.parse_json(b"".join(parts))
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    """The body of a request to an endpoint that needs the engine (503 while it loads), read as read_json does."""
+    state = server_state(request)
+    state.require_engine()
+    return await read_json(request, state.settings.max_body_bytes)
+
+
+class JSON(JSONResponse):
+    """A JSON response written as the event streams write JSON (sse.dumps: compact, UTF-8)."""
+
+    def render(self, content: Any) -> bytes:
+        return sse.dumps(content)
+
+
+def error_response(e: APIError) -> Response:
+    return JSON(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+    """A whole JSON answer on a raw ASGI `send` (the response writers', which are ASGI apps)."""
+    data = sse.dumps(body)
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    hdrs += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+def api_error(e: BaseException) -> APIError:
+    """An exception from the engine as the HTTP error a client should see."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ContextFullError):
+        return APIError(400, str(e), code="context_length_exceeded")
+    if isinstance(e, (ConfigError, TemplateError)):
+        return APIError(400, str(e))
+    if isinstance(e, EngineClosedError):
+        return APIError(503, "the server is shutting down", code="shutting_down")
+    if isinstance(e, EdgespecError):
+        return APIError(500, str(e), code="engine_error")
+    log.error("generation failed", exc_info=e)
+    return APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
+
+
+# --------------------------------------------------------------------------------------------- the generate path
+def spec_kwargs(eng: Any, req: CompletionRequest) -> dict[str, Any]:
+    """Engine.stream keywords for the request's draft limit (none when it does not bind)."""
+    if req.draft_max is None or not req.speculative or eng.drafter_kind == "none":
+        return {}
+    base = eng.spec
+    n = req.draft_max
+    # n-gram lookups draft up to ngram_draft_max only under the adaptive controller (fixed K drafts draft_max)
+    ngram_binds = base.adaptive and "ngram" in eng.drafter_kind and n < base.ngram_draft_max
+    if n >= base.draft_max and not ngram_binds:
+        return {}
+    spec = replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
+    return {"spec": spec}
+
+
+def prepare(state: ServerState, req: CompletionRequest) -> tuple[Any, list[int], int]:
+    """In a worker thread (templates and tokenizers take time on long prompts): the prompt's tokens, the context
+    check, and the queued generation. The one call into Engine.stream of the whole server."""
+    eng = state.engine
+    if req.infill is not None:
+        fi = req.infill
+        reserve = min(req.max_tokens or eng.target.n_ctx // 4, eng.target.n_ctx // 2)
+        tokens = eng.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
+        param = "prompt"
+    elif req.messages is not None:
+        tokens = eng.prompt_tokens(messages=req.messages, tools=req.tools)
+        param = "messages"
+    elif req.prompt is not None:
+        tokens = eng.prompt_tokens(req.prompt)
+        param = "prompt"
+    else:
+        tokens = req.prompt_tokens
+        param = "prompt"
+    n_ctx = eng.target.n_ctx
+    if len(tokens) >= n_ctx:
+        raise APIError(
+            400,
+            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (the prompt and at least one generated token "
+            "must fit); shorten the prompt or start the server with a larger --ctx",
+            param=param,
+            code="context_length_exceeded",
+            extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx},
+        )
+    max_tokens = req.max_tokens if req.max_tokens is not None else n_ctx - len(tokens)
+    try:
+        gen = eng.stream(
+            tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative,
+            constraint=req.constraint, logprobs=req.logprobs, **spec_kwargs(eng, req),
+        )
+    except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
+        raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
+    return gen, tokens, max_tokens
+
+
+async def generate(
+    request: Request,
+    parse: Callable[[Mapping[str, Any]], CompletionRequest],
+    kind: str,
+    response: Callable[[ServerState, CompletionRequest, Any, RequestRecord], Any],
+    body: dict[str, Any] | None = None,
+) -> Any:
+    """Parse, prepare and queue one generation (every route's). `parse` turns the body into the request (in a worker
+    thread: a large grammar or schema compiles for seconds); `response(state, req, gen, record)` makes the ASGI
+    response that writes it in the route's format (responses.GenerationResponse or a subclass). body: the request's
+    JSON when the route has read it already."""
+    state = server_state(request)
+    state.require_engine()
+    try:
+        if body is None:
+            body = await read_json(request, state.settings.max_body_bytes)
+        req = await anyio.to_thread.run_sync(parse, body)
+    except APIError:
+        state.metrics.rejected["invalid"] += 1
+        raise
+    try:
+        gen, prompt_ids, max_tokens = await anyio.to_thread.run_sync(prepare, state, req)
+    except APIError as e:
+        state.metrics.rejected["context" if e.code == "context_length_exceeded" else "invalid"] += 1
+        raise
+    except QueueFullError as e:
+        state.metrics.rejected["queue_full"] += 1
+        raise APIError(
+            503, f"the server is busy: {e}; retry later", code="queue_full", headers={"Retry-After": str(state.settings.retry_after)}
+        ) from None
+    except ContextFullError as e:  # a prompt refused before tokenizing: it cannot fit whatever its tokens
+        state.metrics.rejected["context"] += 1
+        raise APIError(400, str(e), param="messages" if req.messages is not None else "prompt", code="context_length_exceeded") from None
+    except (ConfigError, TemplateError) as e:
+        state.metrics.rejected["invalid"] += 1
+        param = "messages" if req.messages is not None else "input_prefix" if req.infill is not None and kind == "infill" else "prompt"
+        raise APIError(400, str(e), param=param) from None
+    except EngineClosedError as e:
+        raise api_error(e) from None
+    record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=len(prompt_ids), max_tokens=max_tokens)
+    out = response(state, req, gen, record)
+    out.prompt_ids = prompt_ids
+    record.id = out.id
+    return out
+
+
+__all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "server_state", "model_stem", "read_json",
+           "read_body", "JSON", "error_response", "send_json", "api_error", "spec_kwargs", "prepare", "generate"]
