@@ -1,11 +1,16 @@
-"""`edgespec serve`: a local OpenAI-compatible HTTP server over one Engine (see docs/server.md).
+"""`edgespec serve`: a local OpenAI-compatible HTTP server over one Engine (see docs/server.md, "How the server is built").
 
-app.py (the Starlette app: endpoints, disconnect = cancel, middleware), schema.py (request checking, OpenAI-shaped
-errors), sse.py (event framing), metrics.py (Prometheus counters). Importing this package does not load llama.cpp.
+core.py (the state, body reading, JSON sending, the one generate path and the only Engine.stream call), schema.py
+(request bodies as pydantic models, OpenAI-shaped errors), responses.py (the generation writer every route
+subclasses, statistics, the one tool-call reader), routes_openai.py, routes_llamacpp.py, routes_ollama.py and
+routes_responses.py (each a translation of its API onto the core), app.py (the Starlette app: routes, middleware,
+/health, /metrics), guards.py (Host check, API key), metrics.py (Prometheus counters), samplers.py (llama-server's
+sampler chains), sse.py (event framing). Importing this package does not load llama.cpp.
 """
 
 from __future__ import annotations
 
-from .app import RequestRecord, ServerState, Settings, create_app
+from .app import create_app
+from .core import RequestRecord, ServerState, Settings
 
 __all__ = ["create_app", "Settings", "ServerState", "RequestRecord"]

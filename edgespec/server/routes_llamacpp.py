@@ -3,7 +3,7 @@ and llama.vscode, desktop front-ends): `/v1/health`, `/props`, `/completion`, `/
 `/apply-template`. Each is a translation over the same engine call as the OpenAI routes (shapes: llama.cpp's
 tools/server/README.md).
 
-A request field of llama-server that edgespec cannot honour is a 400 naming it (schema._UNSUPPORTED); the others it
+A request field of llama-server that edgespec cannot honour is a 400 naming it (schema.UNSUPPORTED); the others it
 does not read are listed in the `X-Edgespec-Ignored-Params` header. `cache_prompt` is accepted: the KV cache is
 always reused, which never changes the output.
 

@@ -1,23 +1,29 @@
-"""Requests in, edgespec settings out: parse and check an OpenAI-style request body, and shape errors the way
-OpenAI clients read them (`{"error": {"message", "type", "param", "code"}}`).
+"""Requests in, edgespec settings out: check an OpenAI-style request body and shape errors the way OpenAI clients
+read them (`{"error": {"message", "type", "param", "code"}}`).
 
-Every problem with a request is an `APIError` with an HTTP status and one line that names the parameter. Nothing
-a client sends is ignored when it would change the answer: features edgespec does not have (n > 1, logit_bias,
-mirostat...) are refused with a 400 that says so. `response_format` (JSON object / JSON schema), llama-server's
-`json_schema` and `grammar`, and `tools`/`tool_choice` become a constraint (edgespec/structured.py builds it, so every
-route shares it). Unknown keys are accepted, as llama-server
-and most OpenAI-compatible servers do, so that clients sending newer optional fields keep working, but never in
-silence: `CompletionRequest.ignored` lists them, the response carries them in an `X-Edgespec-Ignored-Params` header
-and the server logs each name once (docs/server.md).
+The bodies' parameters are pydantic models (CommonBody, ChatBody, CompletionBody; the other routes' own fields in
+their route modules, with `Says` for an API's own wording); `validate_body` checks a body against one, and
+`validation_error` is the one place where a pydantic ValidationError becomes the one-line 400 that names the
+parameter. What a model cannot say alone (messages and their content parts, prompts, the sampler chain, what
+combines with what) is checked after it, here. Every problem with a request is an `APIError`.
+
+Nothing a client sends is ignored when it would change the answer: features edgespec does not have (n > 1,
+logit_bias, mirostat...) are refused with a 400 that says so (UNSUPPORTED). `response_format` (JSON object / JSON
+schema), llama-server's `json_schema` and `grammar`, and `tools`/`tool_choice` become a constraint
+(edgespec/structured.py builds it, so every route shares it). Unknown keys are accepted, as llama-server and most
+OpenAI-compatible servers do, so that clients sending newer optional fields keep working, but never in silence:
+`CompletionRequest.ignored` lists them, the response carries them in an `X-Edgespec-Ignored-Params` header and the
+server logs each name once (docs/server.md).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import numbers
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from ..config import MAX_SEED, SamplingParams
 from ..constraint import Constraint
@@ -30,6 +36,7 @@ from .samplers import ChainError, apply_chain, parse_names
 MAX_STOPS = 32
 MAX_TOKENS_LIMIT = 1 << 20
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+B = TypeVar("B", bound=BaseModel)
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -109,6 +116,125 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+# --------------------------------------------------------------------------------------------- body models
+# The parameters' types and ranges are pydantic models (CommonBody, ChatBody, CompletionBody); a ValidationError
+# becomes the one-line OpenAI-shaped 400 in one place (`validation_error`). JSON null is "not given" (None), as
+# OpenAI treats it; unknown keys are kept (extra="allow") and reported ignored.
+class _Kind:
+    """Field metadata: how a range error is worded (a number's bounds with :g and open/closed brackets, or an integer's)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+NUMBER, INTEGER = _Kind("number"), _Kind("integer")
+
+
+class Says:
+    """Field metadata: the line any error in this field is answered with (an API's own wording, e.g. llama-server's
+    or Ollama's); `item` words an error inside one element of an array field ("{where}" is that element's name,
+    input_extra[2]), which is then the parameter named."""
+
+    def __init__(self, message: str, item: str | None = None) -> None:
+        self.message = message
+        self.item = item
+
+
+def _integral(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v  # 5.0 from a JavaScript client is 5
+
+
+Num = Annotated[float, Strict()]  # a JSON number (an integer too), never a string or a boolean
+Int = Annotated[int, BeforeValidator(_integral), Strict()]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
+
+
+Number = Annotated[Num | None, Field(allow_inf_nan=False), NUMBER]  # a range: Annotated[Number, Field(ge=..., le=...)]
+Integer = Annotated[Int | None, INTEGER]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class StreamOptions(_Body):
+    include_usage: Bool | None = None
+
+
+class CommonBody(_Body):
+    """What chat completions and completions share (in the order they are checked); llama-server's and edgespec's
+    own keys included. Constraints (response_format, json_schema, grammar, tools) are compiled by structured.py and
+    constraint.py, the sampler chain by samplers.py."""
+
+    model: Str | None = None
+    stream: Bool | None = None
+    stream_options: StreamOptions | None = None
+    max_completion_tokens: Annotated[Integer, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
+    max_tokens: Annotated[Integer, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
+    n_predict: Annotated[Integer, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None  # llama.cpp's name; -1 = no limit
+    samplers: Any = None
+    temperature: Annotated[Number, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[Number, Field(ge=0.0, le=1.0)] = None
+    seed: Annotated[Integer, Field(ge=-1, le=MAX_SEED)] = None
+    repeat_last_n: Annotated[Integer, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None
+    top_k: Annotated[Integer, Field(ge=-1, le=1 << 30)] = None
+    min_p: Annotated[Number, Field(ge=0.0, lt=1.0)] = None
+    repeat_penalty: Annotated[Number, Field(ge=1e-6, le=1e6)] = None
+    presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = None
+    frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = None
+    speculative: Bool | None = None
+    draft_max: Annotated[Integer, Field(ge=0, le=64)] = None
+    speculative_n_max: Annotated[Integer, Field(ge=0, le=64, alias="speculative.n_max")] = None  # llama-server's spelling
+    stop: Any = None
+    show_draft: Bool | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    response_format: Any = None
+    json_schema: Any = None
+    grammar: Str | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Bool | None = None
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _with_stream(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is not None and not info.data.get("stream"):
+            raise PydanticCustomError("edgespec", "stream_options is only allowed when stream is true")
+        return v
+
+    @field_validator("stop", mode="after")
+    @classmethod
+    def _stops(cls, v: Any) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise PydanticCustomError("edgespec", "stop must be a string or an array of strings")
+        if len(v) > MAX_STOPS:
+            raise PydanticCustomError("edgespec", "stop has {n} strings; at most {limit}", {"n": len(v), "limit": MAX_STOPS})
+        return v
+
+
+class ChatBody(CommonBody):
+    messages: Any = None
+    logprobs: Bool | None = None
+    top_logprobs: Annotated[Integer, Field(ge=0, le=20)] = None
+
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _with_logprobs(cls, v: Any, info: ValidationInfo) -> Any:
+        if not info.data.get("logprobs") and v not in (None, 0):
+            raise PydanticCustomError("edgespec", "top_logprobs needs logprobs: true")
+        return v
+
+
+class CompletionBody(CommonBody):
+    prompt: Any = None
+    suffix: Str | None = None
+    logprobs: Annotated[Integer, Field(ge=0, le=5)] = None  # the completions API: how many alternatives (null = off)
+
+
 def _json_type(v: Any) -> str:
     if v is None:
         return "null"
@@ -123,61 +249,80 @@ def _json_type(v: Any) -> str:
     return "object"
 
 
-# --------------------------------------------------------------------------------------------- typed getters
-_MISSING = object()
+def _where(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as the parameter's name: stream_options.include_usage, messages[0].role."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
 
 
-def _get(body: Mapping[str, Any], name: str) -> Any:
-    v = body.get(name, _MISSING)
-    return _MISSING if v is None else v  # JSON null = not given, as OpenAI treats it
+def _metadata(model: type[BaseModel], name: Any) -> list[Any]:
+    """The metadata of the top-level field `name` (by its alias: the body's key)."""
+    field_info = next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
+    return list(field_info.metadata) if field_info is not None else []
 
 
-def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> float:
-    v = _get(body, name)
-    if v is _MISSING:
-        return default
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise bad(name, f"{name} must be a number, got {_json_type(v)} {json.dumps(v)[:40]}")
-    lb = "(" if lo_open else "["
-    rb = ")" if hi_open else "]"
+def _limits(model: type[BaseModel], name: str) -> tuple[_Kind | None, Any, Any, bool, bool]:
+    """(kind, lower bound, upper bound, lower open, upper open) of a top-level field."""
+    kind, lo, hi, lo_open, hi_open = None, None, None, False, False
+    for m in _metadata(model, name):
+        if isinstance(m, _Kind):
+            kind = m
+        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True), ("le", False, False), ("lt", False, True)):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if is_lo:
+                    lo, lo_open = v, is_open
+                else:
+                    hi, hi_open = v, is_open
+    return kind, lo, hi, lo_open, hi_open
+
+
+def validation_error(e: ValidationError, model: type[BaseModel]) -> APIError:
+    """A pydantic ValidationError as the one-line 400 this server answers (the first error; the parameter named)."""
+    err = e.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    name = _where(loc)
+    v = err.get("input")
+    kind = err["type"]
+    if kind == "edgespec":  # a check of our own, worded in full
+        return bad(name, str(err["msg"]))
+    says = next((m for m in _metadata(model, loc[0]) if isinstance(m, Says)), None) if loc else None
+    if says is not None:
+        if says.item is not None and len(loc) > 1 and isinstance(loc[1], int):
+            where = _where(loc[:2])
+            return bad(where, says.item.format(where=where))
+        return bad(str(loc[0]), says.message)
+    shown = f"{_json_type(v)} {json.dumps(v, default=str)[:40]}"
+    if kind in ("bool_type", "bool_parsing"):
+        return bad(name, f"{name} must be true or false, got {_json_type(v)}")
+    if kind in ("string_type", "string_unicode"):
+        return bad(name, f"{name} must be a string, got {_json_type(v)}")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return bad(name, f"{name} must be an object")
+    if kind in ("int_type", "int_from_float", "int_parsing"):
+        return bad(name, f"{name} must be an integer, got {shown}")
+    f_kind, lo, hi, lo_open, hi_open = _limits(model, name)
+    lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+    if kind in ("float_type", "float_parsing") and isinstance(v, int) and not isinstance(v, bool) and lo is not None:
+        # an integer past float's range (JSON allows any number of digits)
+        return bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got an integer of {len(str(abs(v)))} digits")
+    if kind in ("float_type", "float_parsing", "finite_number"):
+        return bad(name, f"{name} must be a number, got {shown}")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and lo is not None and hi is not None:
+        if f_kind is INTEGER:
+            return bad(name, f"{name} must be in [{lo}, {hi}], got {v}")
+        return bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {float(v):g}")
+    return bad(name or None, f"{name + ': ' if name else ''}{err['msg']}")  # a check without words of our own
+
+
+def validate_body(model: type[B], body: Mapping[str, Any]) -> B:
+    """The body as `model` (400 on the first problem, worded by validation_error)."""
     try:
-        f = float(v)
-    except OverflowError:  # an integer past float's range (JSON allows any number of digits)
-        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got an integer of {len(str(abs(v)))} digits") from None
-    if not math.isfinite(f):
-        raise bad(name, f"{name} must be a number, got {_json_type(v)} {json.dumps(v)[:40]}")
-    if (f < lo or (lo_open and f == lo)) or (f > hi or (hi_open and f == hi)):
-        raise bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {f:g}")
-    return f
-
-
-def _integer(body: Mapping[str, Any], name: str, default: Any, lo: int, hi: int) -> Any:
-    v = _get(body, name)
-    if v is _MISSING:
-        return default
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)  # 5.0 from a JavaScript client is 5
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise bad(name, f"{name} must be an integer, got {_json_type(v)} {json.dumps(v)[:40]}")
-    n = int(v)
-    if not lo <= n <= hi:
-        raise bad(name, f"{name} must be in [{lo}, {hi}], got {n}")
-    return n
-
-
-def _boolean(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    v = _get(body, name)
-    if v is _MISSING:
-        return default
-    if not isinstance(v, bool):
-        raise bad(name, f"{name} must be true or false, got {_json_type(v)}")
-    return v
-
-
-def _string(v: Any, name: str) -> str:
-    if not isinstance(v, str):
-        raise bad(name, f"{name} must be a string, got {_json_type(v)}")
-    return v
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e, model) from None
 
 
 # --------------------------------------------------------------------------------------------- the request
@@ -216,26 +361,22 @@ class InfillInput:
     prompt: str = ""
 
 
-# Keys _common and the parsers read (and those refused in _UNSUPPORTED): anything else in a body is reported ignored.
-COMMON_KEYS = frozenset({
-    "model", "stream", "stream_options", "max_completion_tokens", "max_tokens", "n_predict", "temperature", "top_p",
-    "seed", "repeat_last_n", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "speculative",
-    "draft_max", "speculative.n_max", "stop", "show_draft", "logprobs", "top_logprobs",
-    "response_format", "json_schema", "grammar", "tools", "tool_choice", "parallel_tool_calls", "samplers",
-})
+# Keys CommonBody reads (and those refused in UNSUPPORTED): anything else in a body is reported ignored.
+COMMON_KEYS = frozenset(f.alias or n for n, f in CommonBody.model_fields.items())
 
 
 def ignored_keys(body: Mapping[str, Any], known: frozenset[str] | set[str]) -> tuple[str, ...]:
-    """The body's keys outside `known` and the refused features, in a stable order."""
-    refused = {k for k, _, _ in _UNSUPPORTED}
+    """The body's keys outside `known`, CommonBody's fields and the refused features, in a stable order."""
+    refused = {k for k, _, _ in UNSUPPORTED}
     return tuple(sorted(k for k in body if k not in known and k not in COMMON_KEYS and k not in refused))
 
 
 def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
     _refuse_unsupported(body)
-    tools, choice, parallel = _tools(body)
-    messages = _messages(_get(body, "messages"))
-    constraint = _output_constraint(body)
+    m = validate_body(ChatBody, body)
+    tools, choice, parallel = _tools(m)
+    messages = _messages(m.messages)
+    constraint = _output_constraint(m)
     if choice != "none":
         if constraint is not None:
             raise unsupported("response_format", "response_format together with tools is not supported; send one or the other")
@@ -244,30 +385,28 @@ def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
         messages = tool_history(messages)  # checked here; rendered (with the tools) by the engine, for its template
     except ConfigError as e:
         raise bad("messages", str(e)) from None
-    req = replace(_common(body, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
-    lp: int | None = None
-    if _boolean(body, "logprobs", False):
-        lp = _integer(body, "top_logprobs", 0, 0, 20)
-    elif _get(body, "top_logprobs") not in (_MISSING, None, 0):
-        raise bad("top_logprobs", "top_logprobs needs logprobs: true")
+    req = replace(_common(m, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
+    lp = (m.top_logprobs or 0) if m.logprobs else None
     return _no_infill_with(replace(req, constraint=constraint, tools=tools if choice != "none" else [], tool_choice=choice, logprobs=lp))
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
-    suffix = _get(body, "suffix")
-    if suffix is not _MISSING and suffix != "":  # insertion: the prompt is the code before the cursor
-        _string(suffix, "suffix")
+    suffix = body.get("suffix")
+    if suffix is not None and suffix != "":  # insertion: the prompt is the code before the cursor
+        m = validate_body(CompletionBody, body)
         body = {k: v for k, v in body.items() if k != "suffix"}
-    _refuse_unsupported(body)
+        _refuse_unsupported(body)
+    else:
+        _refuse_unsupported(body)
+        m = validate_body(CompletionBody, body)
     for key in ("tools", "tool_choice"):
-        if _get(body, key) not in (_MISSING, None, [], "none"):
+        if getattr(m, key) not in (None, [], "none"):
             raise unsupported(key, f"{key} is for /v1/chat/completions")
-    prompt, tokens = _prompt(_get(body, "prompt"))
-    lp = _integer(body, "logprobs", None, 0, 5)  # the completions API: how many alternatives (null = off)
-    req = replace(_common(body, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}),
-                  constraint=_output_constraint(body), logprobs=lp)
+    prompt, tokens = _prompt(m.prompt)
+    req = replace(_common(m, "completion", prompt=prompt, tokens=tokens), ignored=ignored_keys(body, {"prompt", "suffix"}),
+                  constraint=_output_constraint(m), logprobs=m.logprobs)
     _no_infill_with(req)
-    if suffix is _MISSING or suffix == "":
+    if suffix is None or suffix == "":
         return req
     if prompt is None:
         raise unsupported("suffix", "suffix needs the prompt as a string (the code before the cursor), not token ids")
@@ -288,34 +427,29 @@ def _constraint_or_400(param: str, make: Any) -> Any:
         raise bad(param, str(e), code="invalid_" + param.split(".")[0]) from None
 
 
-def _output_constraint(body: Mapping[str, Any]) -> Constraint | None:
+def _output_constraint(m: CommonBody) -> Constraint | None:
     """response_format, or llama-server's json_schema / grammar fields (at most one of them)."""
     found: list[tuple[str, Any]] = []
-    rf = _get(body, "response_format")
-    if rf is not _MISSING and rf is not None:
+    rf, js, gr = m.response_format, m.json_schema, m.grammar
+    if rf is not None:
         found.append(("response_format", lambda: constraint_from_response_format(rf)))
-    js = _get(body, "json_schema")
-    if js not in (_MISSING, None, {}):
+    if js not in (None, {}):
         found.append(("json_schema", lambda: Constraint.json_schema(js)))
-    gr = _get(body, "grammar")
-    if gr not in (_MISSING, None, ""):
-        found.append(("grammar", lambda: Constraint.grammar(_string(gr, "grammar"))))
+    if gr is not None and gr != "":
+        found.append(("grammar", lambda: Constraint.grammar(gr)))
     if len(found) > 1:
         raise bad(found[1][0], f"give only one of {', '.join(k for k, _ in found)}")
     return _constraint_or_400(found[0][0], found[0][1]) if found else None
 
 
-def _tools(body: Mapping[str, Any]) -> tuple[list[Tool], str, bool]:
-    tools_v = _get(body, "tools")
-    tools = _constraint_or_400("tools", lambda: check_tools(None if tools_v is _MISSING else tools_v))
-    choice_v = _get(body, "tool_choice")
-    choice = _constraint_or_400("tool_choice", lambda: check_tool_choice(None if choice_v is _MISSING else choice_v, tools))
-    parallel = _boolean(body, "parallel_tool_calls", True)
-    return tools, choice, parallel
+def _tools(m: ChatBody) -> tuple[list[Tool], str, bool]:
+    tools = _constraint_or_400("tools", lambda: check_tools(m.tools))
+    choice = _constraint_or_400("tool_choice", lambda: check_tool_choice(m.tool_choice, tools))
+    return tools, choice, m.parallel_tool_calls is not False
 
 
 def _messages(v: Any) -> list[dict[str, Any]]:
-    if v is _MISSING:
+    if v is None:
         raise bad("messages", "messages is required: a list of {\"role\", \"content\"} objects", code="missing_required_parameter")
     if not isinstance(v, list):
         raise bad("messages", f"messages must be an array, got {_json_type(v)}")
@@ -364,7 +498,10 @@ def _content(v: Any, where: str) -> str:
             kind = part.get("type")
             if kind != "text":
                 raise unsupported(pw, f"{pw}: content parts of type {json.dumps(kind)[:40]} are not supported (text only)")
-            texts.append(_string(part.get("text"), f"{pw}.text"))
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad(f"{pw}.text", f"{pw}.text must be a string, got {_json_type(text)}")
+            texts.append(text)
         return "\n".join(texts)
     if v is None:
         raise bad(where, f"{where} is required")
@@ -372,7 +509,7 @@ def _content(v: Any, where: str) -> str:
 
 
 def _prompt(v: Any) -> tuple[str | None, list[int] | None]:
-    if v is _MISSING:
+    if v is None:
         raise bad("prompt", "prompt is required", code="missing_required_parameter")
     if isinstance(v, str):
         return v, None
@@ -394,7 +531,7 @@ def _is_int(v: Any, n: int) -> bool:
 
 # Features a client may ask for that this server does not have: a 400 rather than a silently different answer.
 # Each entry: (key, test of the value that is still fine, what to say).
-_UNSUPPORTED: list[tuple[str, Any, str]] = [
+UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("n", lambda v: _is_int(v, 1), "n must be 1 (several choices per request are not supported; send several requests)"),
     ("best_of", lambda v: _is_int(v, 1), "best_of > 1 is not supported"),
     ("functions", lambda v: v == [], "functions (function calling) are not supported by this server"),
@@ -422,9 +559,9 @@ _UNSUPPORTED: list[tuple[str, Any, str]] = [
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
-    for key, fine, message in _UNSUPPORTED:
-        v = _get(body, key)
-        if v is _MISSING:
+    for key, fine, message in UNSUPPORTED:
+        v = body.get(key)
+        if v is None:  # JSON null = not given
             continue
         try:
             ok = bool(fine(v))
@@ -434,23 +571,9 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             raise unsupported(key, message)
 
 
-def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
-    v = _get(body, "stop")
-    if v is _MISSING:
-        return ()
-    if isinstance(v, str):
-        return (v,) if v else ()
-    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
-        raise bad("stop", "stop must be a string or an array of strings")
-    if len(v) > MAX_STOPS:
-        raise bad("stop", f"stop has {len(v)} strings; at most {MAX_STOPS}")
-    return tuple(s for s in v if s)
-
-
-def _sampler_chain(body: Mapping[str, Any]) -> list[str] | None:
+def _sampler_chain(v: Any) -> list[str] | None:
     """llama-server's `samplers` (a custom sampler chain) as llama.cpp's names, or None when not given."""
-    v = _get(body, "samplers")
-    if v is _MISSING:
+    if v is None:
         return None
     try:
         return parse_names(v)
@@ -458,50 +581,39 @@ def _sampler_chain(body: Mapping[str, Any]) -> list[str] | None:
         raise unsupported("samplers", str(e)) from None
 
 
-def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt: Any = None, tokens: Any = None) -> CompletionRequest:
-    model = _get(body, "model")
-    if model is not _MISSING:
-        _string(model, "model")
-    stream = _boolean(body, "stream", False)
-    include_usage = False
-    so = _get(body, "stream_options")
-    if so is not _MISSING:
-        if not stream:
-            raise bad("stream_options", "stream_options is only allowed when stream is true")
-        if not isinstance(so, dict):
-            raise bad("stream_options", "stream_options must be an object")
-        try:
-            include_usage = _boolean(so, "include_usage", False)
-        except APIError as e:
-            raise bad("stream_options.include_usage", "stream_options." + e.message) from None
-    mct = _integer(body, "max_completion_tokens", None, 1, MAX_TOKENS_LIMIT)
-    mt = _integer(body, "max_tokens", None, 1, MAX_TOKENS_LIMIT)
+def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = None, tokens: Any = None) -> CompletionRequest:
+    """The request from what chat completions and completions share (the body's types and ranges checked by m)."""
+    stream = bool(m.stream)
+    include_usage = m.stream_options is not None and bool(m.stream_options.include_usage)
+    mct, mt, n_predict = m.max_completion_tokens, m.max_tokens, m.n_predict
     if mct is not None and mt is not None and mct != mt:
         raise bad("max_tokens", f"max_tokens ({mt}) and max_completion_tokens ({mct}) disagree; send one of them")
-    n_predict = _integer(body, "n_predict", None, -1, MAX_TOKENS_LIMIT)  # llama.cpp's name; -1 = no limit
     max_tokens = mct if mct is not None else mt if mt is not None else (n_predict if n_predict not in (None, -1, 0) else None)
     if n_predict == 0 and mct is None and mt is None:
         raise bad("n_predict", "n_predict must be -1 or at least 1")
-    chain = _sampler_chain(body)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    chain = _sampler_chain(m.samplers)
+    temperature = 1.0 if m.temperature is None else m.temperature
+    top_p = 1.0 if m.top_p is None else m.top_p
     if top_p == 0.0 and (chain is None or "top_p" in chain):  # only the most likely token survives: greedy
         temperature, top_p = 0.0, 1.0
         if chain is not None:  # greedy where top_p was (greedy overrides any temperature)
             chain = ["temperature" if n == "top_p" else n for n in chain if n != "temperature"]
-    seed = _integer(body, "seed", None, -1, MAX_SEED)
-    repeat_last_n = _integer(body, "repeat_last_n", 64, -1, MAX_TOKENS_LIMIT)
+    repeat_last_n = 64 if m.repeat_last_n is None else m.repeat_last_n
+
+    def given(v: float | None, default: float) -> float:
+        return default if v is None else v
+
     try:
         sampling = SamplingParams(
             temperature=temperature,
             top_p=top_p,
-            top_k=max(0, _integer(body, "top_k", 0, -1, 1 << 30)),
-            min_p=_number(body, "min_p", 0.0, 0.0, 1.0, hi_open=True),
-            repeat_penalty=_number(body, "repeat_penalty", 1.0, 1e-6, 1e6),
-            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            top_k=max(0, m.top_k or 0),
+            min_p=given(m.min_p, 0.0),
+            repeat_penalty=given(m.repeat_penalty, 1.0),
+            presence_penalty=given(m.presence_penalty, 0.0),
+            frequency_penalty=given(m.frequency_penalty, 0.0),
             repeat_last_n=MAX_TOKENS_LIMIT if repeat_last_n == -1 else repeat_last_n,
-            seed=None if seed in (None, -1) else seed,
+            seed=None if m.seed in (None, -1) else m.seed,
         )
     except ConfigError as e:  # the ranges above are narrower; this is a guard
         raise bad(None, str(e)) from None
@@ -510,13 +622,11 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
             sampling = apply_chain(chain, sampling)
         except ChainError as e:
             raise unsupported("samplers", str(e)) from None
-    speculative = _boolean(body, "speculative", True)
-    draft_max = _integer(body, "draft_max", None, 0, 64)
-    n_max = _integer(body, "speculative.n_max", None, 0, 64)  # llama-server's spelling
-    if draft_max is None:
-        draft_max = n_max
+    speculative = m.speculative is not False
+    draft_max = m.draft_max if m.draft_max is not None else m.speculative_n_max
     if draft_max == 0:
         speculative = False
+    stop = (m.stop,) if isinstance(m.stop, str) else tuple(m.stop or ())
     return CompletionRequest(
         kind=kind,
         messages=messages,
@@ -524,15 +634,16 @@ def _common(body: Mapping[str, Any], kind: str, *, messages: Any = None, prompt:
         prompt_tokens=tokens,
         sampling=sampling,
         max_tokens=max_tokens,
-        stop=_stop(body),
+        stop=tuple(x for x in stop if x),
         stream=stream,
         include_usage=include_usage and stream,
         speculative=speculative,
         draft_max=draft_max,
-        show_draft=_boolean(body, "show_draft", False),
-        model=None if model is _MISSING else model,
+        show_draft=bool(m.show_draft),
+        model=m.model,
     )
 
 
-__all__ = ["APIError", "CompletionRequest", "InfillInput", "ignored_keys", "COMMON_KEYS", "error_body", "parse_json", "parse_chat",
-           "parse_completion", "bad", "unsupported"]
+__all__ = ["APIError", "CompletionRequest", "InfillInput", "ignored_keys", "COMMON_KEYS", "UNSUPPORTED", "error_body", "parse_json",
+           "parse_chat", "parse_completion", "bad", "unsupported", "CommonBody", "ChatBody", "CompletionBody", "StreamOptions",
+           "validate_body", "validation_error", "Says", "Num", "Int", "Bool", "Str"]
