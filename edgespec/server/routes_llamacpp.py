@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import anyio
+from pydantic import BaseModel, ConfigDict, Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
@@ -31,7 +32,7 @@ from ..infill import ExtraChunk, indent_cut
 from . import schema, sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, CompletionRequest, InfillInput, bad
+from .schema import APIError, Bool, CompletionRequest, InfillInput, Num, Says, Str, bad, validate_body
 
 # llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
 COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
@@ -44,6 +45,52 @@ TOKENIZE_PIECES_MAX_BYTES = 2**20
 
 
 # --------------------------------------------------------------------------------------------- parsing
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class LlamaBody(_Body):
+    """What /completion reads besides schema.CommonBody (llama-server's own fields; its wording of their errors)."""
+
+    response_fields: Annotated[list[Str] | None, Says("response_fields must be an array of field names (a nested one as a/b)")] = None
+    n_indent: Annotated[Annotated[int, Strict()] | None, Field(ge=0),
+                        Says("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
+    t_max_predict_ms: Annotated[Num | None, Field(ge=0), Says("t_max_predict_ms must be a number of milliseconds >= 0")] = None
+    return_tokens: Any = None
+
+    @property
+    def t_max(self) -> float | None:
+        """t_max_predict_ms in seconds (None: no limit; 0 is none too)."""
+        v = self.t_max_predict_ms
+        return float(v) / 1000 if v is not None and v > 0 else None
+
+
+class ExtraFile(_Body):
+    text: Str = ""
+    filename: Str = "tmp"
+
+
+class InfillBody(LlamaBody):
+    """What /infill reads besides schema.CommonBody."""
+
+    prompt: Annotated[Str | None, Says("prompt must be a string (text typed after input_prefix)")] = None
+    input_prefix: Annotated[Str | None, Says("input_prefix must be a string")] = None
+    input_suffix: Annotated[Str | None, Says("input_suffix must be a string")] = None
+    input_extra: Annotated[list[ExtraFile] | None, Says("input_extra must be an array of {\"filename\", \"text\"} objects",
+                                                        item="{where} must be an object with string text and filename")] = None
+
+
+class TokenizeBody(_Body):
+    content: Annotated[Str | None, Says("content must be a string")] = None
+    add_special: Annotated[Bool | None, Says("add_special must be true or false")] = None
+    parse_special: Annotated[Bool | None, Says("parse_special must be true or false")] = None
+    with_pieces: Annotated[Bool | None, Says("with_pieces must be true or false")] = None
+
+
+class DetokenizeBody(_Body):
+    tokens: Annotated[list[Annotated[int, Strict()]] | None, Says("tokens must be an array of token ids")] = None
+
+
 def _llama_body(body: Mapping[str, Any], known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The body without llama-server's own keys (what schema.parse_completion reads) and the keys ignored
     (`n_predict: 0` is taken out too: see _warm_only)."""
@@ -62,24 +109,6 @@ def _with_limit(req: CompletionRequest, body: Mapping[str, Any]) -> CompletionRe
     return replace(req, max_tokens=0) if _warm_only(body) and req.max_tokens is None else req
 
 
-def _response_fields(body: Mapping[str, Any]) -> tuple[str, ...] | None:
-    v = body.get("response_fields")
-    if v is None:
-        return None
-    if not isinstance(v, list) or not all(isinstance(f, str) for f in v):
-        raise bad("response_fields", "response_fields must be an array of field names (a nested one as a/b)")
-    return tuple(v) or None  # [] = every field, as llama-server
-
-
-def _n_indent(body: Mapping[str, Any]) -> int:
-    v = body.get("n_indent", 0)
-    if v is None:
-        return 0
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise bad("n_indent", "n_indent must be an integer >= 0 (the least indentation of the lines after the first)")
-    return v
-
-
 def pick_fields(obj: Mapping[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
     """llama-server's response_fields: for each path ("a" or "a/b/c"), the value found there under that path as a
     key; a path that leads nowhere is left out."""
@@ -95,45 +124,20 @@ def pick_fields(obj: Mapping[str, Any], paths: tuple[str, ...]) -> dict[str, Any
     return out
 
 
-def _t_max(body: Mapping[str, Any]) -> float | None:
-    v = body.get("t_max_predict_ms")
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise bad("t_max_predict_ms", "t_max_predict_ms must be a number of milliseconds >= 0")
-    return float(v) / 1000 if v > 0 else None
-
-
-def parse_llama_completion(body: Mapping[str, Any]) -> CompletionRequest:
+def parse_llama_completion(body: Mapping[str, Any], m: LlamaBody | None = None) -> CompletionRequest:
     rest, ignored = _llama_body(body, COMPLETION_KEYS)
     req = schema.parse_completion(rest)
     return replace(_with_limit(req, body), ignored=ignored)
 
 
-def parse_infill(body: Mapping[str, Any]) -> CompletionRequest:
+def parse_infill(body: Mapping[str, Any], m: InfillBody | None = None) -> CompletionRequest:
+    m = m if m is not None else validate_body(InfillBody, body)
     rest, ignored = _llama_body(body, INFILL_KEYS)
-    prompt = rest.pop("prompt", None)
-    if prompt is not None and not isinstance(prompt, str):
-        raise bad("prompt", "prompt must be a string (text typed after input_prefix)")
-    texts = {}
-    for key in ("input_prefix", "input_suffix"):
-        v = body.get(key)
-        if v is not None and not isinstance(v, str):
-            raise bad(key, f"{key} must be a string")
-        texts[key] = v or ""
-    extra = body.get("input_extra")
-    chunks: list[ExtraChunk] = []
-    if extra is not None:
-        if not isinstance(extra, list):
-            raise bad("input_extra", "input_extra must be an array of {\"filename\", \"text\"} objects")
-        for i, c in enumerate(extra):
-            where = f"input_extra[{i}]"
-            if not isinstance(c, dict) or not isinstance(c.get("text", ""), str) or not isinstance(c.get("filename", "tmp"), str):
-                raise bad(where, f"{where} must be an object with string text and filename")
-            chunks.append(ExtraChunk(c.get("text", ""), c.get("filename", "tmp")))
-    req = _with_limit(schema.parse_completion({**rest, "prompt": prompt or ""}), body)
+    rest.pop("prompt", None)
+    chunks = tuple(ExtraChunk(c.text, c.filename) for c in m.input_extra or ())
+    req = _with_limit(schema.parse_completion({**rest, "prompt": m.prompt or ""}), body)
     return replace(req, prompt=None, ignored=ignored,
-                   infill=InfillInput(texts["input_prefix"], texts["input_suffix"], tuple(chunks), prompt or ""))
+                   infill=InfillInput(m.input_prefix or "", m.input_suffix or "", chunks, m.prompt or ""))
 
 
 # --------------------------------------------------------------------------------------------- the answer
@@ -274,24 +278,26 @@ def _response_for(body_hint: dict[str, Any]) -> type[LlamaCompletionResponse]:
     return type("LlamaCompletion", (LlamaCompletionResponse,), body_hint)
 
 
-async def _llama_generate(request: Request, parse: Any, kind: str) -> Any:
+async def _llama_generate(request: Request, parse: Any, kind: str, model: type[LlamaBody]) -> Any:
     body = await read_body(request)
     try:
-        hint = {"t_max": _t_max(body), "return_tokens": bool(body.get("return_tokens")),
-                "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else "",
-                "fields": _response_fields(body), "n_indent": _n_indent(body)}
+        m = validate_body(model, body)
     except APIError:
         server_state(request).metrics.rejected["invalid"] += 1
         raise
-    return await generate(request, lambda _b: parse(body), kind, _response_for(hint), body=body)
+    hint = {"t_max": m.t_max, "return_tokens": bool(m.return_tokens),
+            "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else "",
+            "fields": tuple(m.response_fields) or None if m.response_fields is not None else None,  # [] = every field
+            "n_indent": m.n_indent or 0}
+    return await generate(request, lambda _b: parse(body, m), kind, _response_for(hint), body=body)
 
 
 async def completion(request: Request) -> Any:
-    return await _llama_generate(request, parse_llama_completion, "completion")
+    return await _llama_generate(request, parse_llama_completion, "completion", LlamaBody)
 
 
 async def infill(request: Request) -> Any:
-    return await _llama_generate(request, parse_infill, "infill")
+    return await _llama_generate(request, parse_infill, "infill", InfillBody)
 
 
 # --------------------------------------------------------------------------------------------- tokens, templates, props
@@ -304,16 +310,11 @@ def _piece(b: bytes) -> Any:
 
 async def tokenize(request: Request) -> Response:
     body = await read_body(request)
-    content = body.get("content")
-    if not isinstance(content, str):
-        raise bad("content", "content must be a string" if content is not None else "content is required",
-                  code=None if content is not None else "missing_required_parameter")
-    flags = {}
-    for key, default in (("add_special", False), ("parse_special", True), ("with_pieces", False)):
-        v = body.get(key, default)
-        if not isinstance(v, bool):
-            raise bad(key, f"{key} must be true or false")
-        flags[key] = v
+    m = validate_body(TokenizeBody, body)
+    content = m.content
+    if content is None:
+        raise bad("content", "content is required", code="missing_required_parameter")
+    flags = {"add_special": m.add_special is True, "parse_special": m.parse_special is not False, "with_pieces": m.with_pieces is True}
     limit = TOKENIZE_PIECES_MAX_BYTES if flags["with_pieces"] else TOKENIZE_MAX_BYTES
     size = len(content.encode("utf-8", "surrogatepass"))
     if size > limit:
@@ -328,9 +329,9 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     body = await read_body(request)
-    toks = body.get("tokens")
+    toks = validate_body(DetokenizeBody, body).tokens
     eng = server_state(request).engine
-    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+    if toks is None:
         raise bad("tokens", "tokens must be an array of token ids")
     bad_ids = [t for t in toks if not 0 <= t < eng.target.n_vocab]
     if bad_ids:

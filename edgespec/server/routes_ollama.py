@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
@@ -38,7 +39,7 @@ from . import schema, sse
 from . import core
 from .core import JSON, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
-from .schema import APIError, CompletionRequest, InfillInput, bad, unsupported
+from .schema import APIError, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 # options -> the OpenAI-style key schema reads
@@ -70,13 +71,31 @@ def ollama_error(e: APIError) -> Response:
 
 
 # --------------------------------------------------------------------------------------------- parsing
-def _options(body: Mapping[str, Any], n_ctx: int) -> tuple[dict[str, Any], list[str]]:
+class OllamaBody(BaseModel):
+    """The fields of /api/chat and /api/generate checked here (Ollama's wording of their errors); `options` are
+    mapped by _options, `messages` and the rest by schema.parse_chat / parse_completion."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    stream: Annotated[Bool | None, Says("stream must be true or false")] = None
+    options: Annotated[dict[str, Any] | None, Says("options must be an object")] = None
+    logprobs: Annotated[Bool | None, Says("logprobs must be true or false")] = None
+    top_logprobs: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=20), Says("top_logprobs must be between 0 and 20")] = None
+
+
+class OllamaGenerateBody(OllamaBody):
+    prompt: Annotated[Str | None, Says("prompt must be a string")] = None
+    suffix: Annotated[Str | None, Says("suffix must be a string")] = None
+    system: Annotated[Str | None, Says("system must be a string")] = None
+    raw: Annotated[Bool | None, Says("raw must be true or false")] = None
+    context: Annotated[list[Annotated[int, Strict()]] | None,
+                       Says("context must be an array of token ids (the context of an earlier answer)")] = None
+
+
+def _options(opts: dict[str, Any] | None, n_ctx: int) -> tuple[dict[str, Any], list[str]]:
     """`options` as schema keys, and the names accepted without effect."""
-    opts = body.get("options")
     if opts is None:
         return {}, []
-    if not isinstance(opts, dict):
-        raise bad("options", "options must be an object")
     out: dict[str, Any] = {}
     ignored = []
     for k, v in opts.items():
@@ -111,37 +130,24 @@ def _refuse(body: Mapping[str, Any]) -> None:
             raise unsupported(key, what)
 
 
-def _logprobs(body: Mapping[str, Any]) -> int | None:
+def _logprobs(m: OllamaBody) -> int | None:
     """Ollama's logprobs / top_logprobs as the engine's setting (None: off; else how many alternatives)."""
-    on = body.get("logprobs")
-    if on is not None and not isinstance(on, bool):
-        raise bad("logprobs", "logprobs must be true or false")
-    top = body.get("top_logprobs")
-    if top is None:
-        top = 0
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
-        raise bad("top_logprobs", "top_logprobs must be between 0 and 20")
-    return top if on else None
+    return (m.top_logprobs or 0) if m.logprobs else None
 
 
-def _context(body: Mapping[str, Any], n_vocab: int) -> list[int]:
-    v = body.get("context")
+def _context(v: list[int] | None, n_vocab: int) -> list[int]:
     if v is None:
         return []
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise bad("context", "context must be an array of token ids (the context of an earlier answer)")
     wrong = [t for t in v if not 0 <= t < n_vocab]
     if wrong:
         raise bad("context", f"context: token id {wrong[0]} is outside the vocabulary (size {n_vocab})")
     return list(v)
 
 
-def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str], m: OllamaBody) -> tuple[dict[str, Any], tuple[str, ...]]:
     _refuse(body)
-    opts, ign = _options(body, n_ctx)
-    stream = body.get("stream", True)
-    if not isinstance(stream, bool):
-        raise bad("stream", "stream must be true or false")
+    opts, ign = _options(m.options, n_ctx)
+    stream = m.stream is not False  # streaming is on by default, as in Ollama
     ka = body.get("keep_alive")
     ignored = sorted(k for k in body if k not in known)
     if ka is not None:
@@ -160,7 +166,8 @@ def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str]) -> tuple
 
 
 def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
-    mapped, ignored = _common(body, n_ctx, CHAT_KEYS)
+    ob = validate_body(OllamaBody, body)
+    mapped, ignored = _common(body, n_ctx, CHAT_KEYS, ob)
     msgs = body.get("messages")
     if isinstance(msgs, list):
         for i, m in enumerate(msgs):
@@ -178,23 +185,16 @@ def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> C
         if "tool_choice" in body:  # not Ollama's: an edgespec extension with the OpenAI values (default "auto")
             mapped["tool_choice"] = body["tool_choice"]
     req = schema.parse_chat({**mapped, "messages": msgs})
-    return replace(req, ignored=ignored, logprobs=_logprobs(body))
+    return replace(req, ignored=ignored, logprobs=_logprobs(ob))
 
 
 def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
     """The request; with eng (the engine), a `context` is read and the prompt becomes its tokens and the new turn's."""
-    mapped, ignored = _common(body, n_ctx, GENERATE_KEYS)
-    lp = _logprobs(body)
-    context = _context(body, eng.target.n_vocab) if eng is not None else []
-    prompt = body.get("prompt") or ""
-    suffix = body.get("suffix") or ""
-    system = body.get("system") or ""
-    raw = body.get("raw", False)
-    for key, v in (("prompt", prompt), ("suffix", suffix), ("system", system)):
-        if not isinstance(v, str):
-            raise bad(key, f"{key} must be a string")
-    if not isinstance(raw, bool):
-        raise bad("raw", "raw must be true or false")
+    m = validate_body(OllamaGenerateBody, body)
+    mapped, ignored = _common(body, n_ctx, GENERATE_KEYS, m)
+    lp = _logprobs(m)
+    context = _context(m.context, eng.target.n_vocab) if eng is not None else []
+    prompt, suffix, system, raw = m.prompt or "", m.suffix or "", m.system or "", bool(m.raw)
     if context and (suffix or raw):
         raise unsupported("context", "context cannot be combined with " + ("suffix" if suffix else "raw"))
     if suffix:
@@ -317,7 +317,7 @@ async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: st
         body = await read_body(request)
         eng = state.engine
         if cls is OllamaGenerateResponse and not body.get("prompt") and not body.get("suffix"):
-            _common(body, eng.target.n_ctx, GENERATE_KEYS)  # the checks still apply
+            _common(body, eng.target.n_ctx, GENERATE_KEYS, validate_body(OllamaBody, body))  # the checks still apply
             # Ollama: an empty prompt loads the model and answers at once
             return JSON({"model": state.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
         return await core.generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body)

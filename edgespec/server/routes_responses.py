@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
@@ -29,7 +31,7 @@ from starlette.types import Send
 from . import schema, sse
 from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, CompletionRequest, bad, unsupported
+from .schema import APIError, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body
 
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
@@ -45,6 +47,38 @@ RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_outpu
 
 
 # --------------------------------------------------------------------------------------------- the request
+class ResponsesBody(BaseModel):
+    """The Responses fields checked here; the others become chat completions keys (to_chat_body), checked there."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    previous_response_id: Annotated[Str | None, Says("previous_response_id must be a string")] = None
+    instructions: Annotated[Str | None, Says("instructions must be a string")] = None
+    text: Annotated[dict[str, Any] | None, Says("text must be an object like {\"format\": {\"type\": \"text\"}}")] = None
+    store: Annotated[Bool | None, Says("store must be true or false")] = None
+    metadata: Annotated[dict[str, Any] | None, Says("metadata must be an object of string keys and string values")] = None
+
+    @field_validator("metadata", mode="after")
+    @classmethod
+    def _metadata(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """As OpenAI checks it: at most 16 string pairs; keys up to 64 characters, values up to 512 (it is echoed
+        back and stored with the response)."""
+        if v is None:
+            return v
+        if len(v) > METADATA_PAIRS:
+            raise PydanticCustomError("edgespec", "metadata has {n} pairs; at most {limit}", {"n": len(v), "limit": METADATA_PAIRS})
+        for k, val in v.items():
+            if len(k) > METADATA_KEY_CHARS:
+                raise PydanticCustomError("edgespec", "metadata keys are at most {limit} characters, got one of {n}",
+                                          {"limit": METADATA_KEY_CHARS, "n": len(k)})
+            if not isinstance(val, str):
+                raise PydanticCustomError("edgespec", "metadata values must be strings (the value of {key} is not)", {"key": repr(k[:64])})
+            if len(val) > METADATA_VALUE_CHARS:
+                raise PydanticCustomError("edgespec", "metadata values are at most {limit} characters, got one of {n}",
+                                          {"limit": METADATA_VALUE_CHARS, "n": len(val)})
+        return v
+
+
 @dataclass
 class ResponsesInput:
     """What the answer needs besides the chat request: the Responses fields echoed back, and the conversation."""
@@ -139,11 +173,10 @@ def _tools(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict[str, Any], ResponsesInput]:
+def to_chat_body(body: Mapping[str, Any], previous: Stored | None, m: ResponsesBody | None = None) -> tuple[dict[str, Any], ResponsesInput]:
     """The chat completions body for a Responses request (the one place where Responses maps onto chat)."""
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise bad("instructions", "instructions must be a string")
+    m = m if m is not None else validate_body(ResponsesBody, body)
+    instructions = m.instructions
     if body.get("input") is None:
         raise bad("input", "input is required: a string or an array of input items", code="missing_required_parameter")
     new = _input_messages(body["input"])
@@ -157,10 +190,8 @@ def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict
                      ("show_draft", "show_draft")):
         if body.get(src) is not None:
             chat[dst] = body[src]
-    text = body.get("text")
+    text = m.text
     if text is not None:
-        if not isinstance(text, dict):
-            raise bad("text", "text must be an object like {\"format\": {\"type\": \"text\"}}")
         fmt = text.get("format")
         if fmt is not None:
             # Responses puts a JSON schema's name and schema beside "type"; chat completions nests them
@@ -183,12 +214,9 @@ def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict
         v = body.get(key)
         if v is not None and not fine(v):
             raise unsupported(key, what)
-    store = body.get("store", True)
-    if not isinstance(store, bool):
-        raise bad("store", "store must be true or false")
     ri = ResponsesInput(
-        messages=history + new, instructions=instructions, previous_response_id=body.get("previous_response_id"),
-        max_output_tokens=body.get("max_output_tokens"), store=store, metadata=_metadata(body.get("metadata")),
+        messages=history + new, instructions=instructions, previous_response_id=m.previous_response_id,
+        max_output_tokens=body.get("max_output_tokens"), store=m.store is not False, metadata=dict(m.metadata or {}),
         echo={"parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice", "auto"),
               "tools": body.get("tools") or [], "text": text or {"format": {"type": "text"}},
               "truncation": body.get("truncation") or "disabled", "user": body.get("user")},
@@ -196,37 +224,17 @@ def to_chat_body(body: Mapping[str, Any], previous: Stored | None) -> tuple[dict
     return chat, ri
 
 
-def _metadata(v: Any) -> dict[str, str]:
-    """`metadata` checked as OpenAI checks it (an object of at most 16 string pairs; keys up to 64 characters, values
-    up to 512): it is echoed back and stored with the response."""
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise bad("metadata", "metadata must be an object of string keys and string values")
-    if len(v) > METADATA_PAIRS:
-        raise bad("metadata", f"metadata has {len(v)} pairs; at most {METADATA_PAIRS}")
-    for k, val in v.items():
-        if len(k) > METADATA_KEY_CHARS:
-            raise bad("metadata", f"metadata keys are at most {METADATA_KEY_CHARS} characters, got one of {len(k)}")
-        if not isinstance(val, str):
-            raise bad("metadata", f"metadata values must be strings (the value of {k[:64]!r} is not)")
-        if len(val) > METADATA_VALUE_CHARS:
-            raise bad("metadata", f"metadata values are at most {METADATA_VALUE_CHARS} characters, got one of {len(val)}")
-    return dict(v)
-
-
 def parse_responses(body: Mapping[str, Any], store: ResponseStore) -> tuple[CompletionRequest, ResponsesInput]:
-    prev_id = body.get("previous_response_id")
+    m = validate_body(ResponsesBody, body)
+    prev_id = m.previous_response_id
     previous = None
     if prev_id is not None:
-        if not isinstance(prev_id, str):
-            raise bad("previous_response_id", "previous_response_id must be a string")
         previous = store.get(prev_id)
         if previous is None:
             raise APIError(404, f"Previous response with id '{prev_id}' not found (this server keeps the last {store.size} "
                                 f"stored responses, at most {store.max_bytes // 2**20} MiB of them, in memory)",
                            param="previous_response_id", code="previous_response_not_found")
-    chat, ri = to_chat_body(body, previous)
+    chat, ri = to_chat_body(body, previous, m)
     try:
         req = schema.parse_chat(chat)
     except APIError as e:
