@@ -21,6 +21,8 @@ ERRORS = [  # (extra body fields, param, message) as the server answered them be
     ({"max_tokens": 2.5}, "max_tokens", "max_tokens must be an integer, got number 2.5"),
     ({"max_tokens": True}, "max_tokens", "max_tokens must be an integer, got boolean true"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens must be in [1, 1048576], got 0"),
+    ({"max_tokens": 0.0}, "max_tokens", "max_tokens must be in [1, 1048576], got 0"),
+    ({"seed": -5.0}, "seed", "seed must be in [-1, 18446744073709551615], got -5"),
     ({"seed": 2**64}, "seed", "seed must be in [-1, 18446744073709551615], got 18446744073709551616"),
     ({"stop": ["a"] * 33}, "stop", "stop has 33 strings; at most 32"),
     ({"stop": [1, 2]}, "stop", "stop must be a string or an array of strings"),

@@ -312,7 +312,7 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> APIError:
         return bad(name, f"{name} must be a number, got {shown}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and lo is not None and hi is not None:
         if f_kind is INTEGER:
-            return bad(name, f"{name} must be in [{lo}, {hi}], got {v}")
+            return bad(name, f"{name} must be in [{lo}, {hi}], got {_integral(v)}")
         return bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {float(v):g}")
     return bad(name or None, f"{name + ': ' if name else ''}{err['msg']}")  # a check without words of our own
 
