@@ -16,7 +16,7 @@ from edgespec.chat import ChatSession
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN
-from edgespec.tiny import SPECIAL_TOKENS, token_id, write_tiny_model
+from tiny import SPECIAL_TOKENS, token_id, write_tiny_model
 from test_policy_decision import DESKTOP, draft_cost_at
 
 GREEDY = SamplingParams(temperature=0)

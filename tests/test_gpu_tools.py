@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+RESEARCH = ROOT / "research"
+sys.path.insert(0, str(RESEARCH))
 
 import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
@@ -309,7 +309,7 @@ def test_python_time_charges_the_replays_own_work():
         s0, _ = ps.run_one(rec, data, kind, modelled, ps.EngineState(modelled), SpecConfig())
         s1, _ = ps.run_one(rec, data, kind, timed, ps.EngineState(timed), SpecConfig())
         assert s0.decode_seconds < 1e-6 < s1.decode_seconds, kind
-    assert ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
+    assert ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
 
 
 def test_curve_files(tmp_path):
@@ -329,7 +329,7 @@ def test_curve_files(tmp_path):
     bad.write_text(json.dumps({"verify": {"0": 1.0}}))
     with pytest.raises(ValueError):
         ps.load_curve(bad)
-    flat = ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json")
+    flat = ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json")
     assert flat.verify[64] == pytest.approx(1.1 * flat.verify[1], rel=1e-3)
 
 
@@ -443,7 +443,7 @@ def test_the_replay_of_draft_model_trees_stays_below_the_tree_oracle(tiny):
 
 
 def test_committed_traces_file():
-    path = SCRIPTS / "data" / "traces.json.gz"
+    path = RESEARCH / "data" / "traces.json.gz"
     if not path.exists():
         pytest.skip("no recorded traces yet")
     assert path.stat().st_size < 2 * 2**20
@@ -453,7 +453,7 @@ def test_committed_traces_file():
         for t in range(len(rec["trace"])):
             toks, conf = rt.continuation(rec["segments"], t, data["draft_len"])
             assert toks and len(toks) == len(conf) and all(0 < c <= 1 for c in conf)
-    res = ps.predict(data, ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json"), SpecConfig(), [data["prompts"][0]["suite"]])
+    res = ps.predict(data, ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json"), SpecConfig(), [data["prompts"][0]["suite"]])
     assert res["overall"]["model+ngram"]["speedup"] > 1.0
 
 
@@ -463,7 +463,7 @@ def test_synthetic_model_from_a_spec(tiny, tmp_path):
 
     from edgespec.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.tiny import write_tiny_model
+    from tiny import write_tiny_model
 
     real = write_tiny_model(tmp_path / "real.gguf", seed=3, d_model=256, n_layers=2, d_ff=512)
     spec_path = tmp_path / "spec.json.xz"
@@ -498,7 +498,7 @@ def test_committed_pair_spec_has_the_real_shapes():
 def test_gpu_check_quick_runs_end_to_end(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"), "GPU_CHECK_QUICK": "1",
            "GPU_CHECK_BUDGET": "300", "PYTHON": sys.executable}
-    r = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     st = {k: v["status"] for k, v in res["steps"].items()}

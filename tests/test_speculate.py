@@ -378,7 +378,7 @@ def test_max_tokens_and_eos(models, tmp_path):
     out = generate(models["target"], PROMPT, sp, np.random.default_rng(0), 7, model_speculator(models["draft"], sp, 5))
     assert len(out) == 7
     # a target whose hot set holds its end token: generation stops right after it, speculative as plain
-    from edgespec.tiny import token_id, write_tiny_model
+    from tiny import token_id, write_tiny_model
 
     im_end = 262
     hot = tuple(token_id(c) for c in "ab") + (im_end,)

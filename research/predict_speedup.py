@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Predict edgespec's greedy speedup on any hardware from its measured costs, without the models.
 
-    .venv/bin/python scripts/predict_speedup.py --curve scripts/data/curve_gpu_flat.json
-    .venv/bin/python scripts/predict_speedup.py --curve bench.json          # the costs an `edgespec bench --json` used
-    .venv/bin/python scripts/predict_speedup.py --curve ~/.cache/edgespec/calibration.json --json out.json
-    .venv/bin/python scripts/predict_speedup.py measure TARGET.gguf [DRAFT.gguf] --n-gpu-layers -1 --out curve.json
+    .venv/bin/python research/predict_speedup.py --curve research/data/curve_gpu_flat.json
+    .venv/bin/python research/predict_speedup.py --curve bench.json          # the costs an `edgespec bench --json` used
+    .venv/bin/python research/predict_speedup.py --curve ~/.cache/edgespec/calibration.json --json out.json
+    .venv/bin/python research/predict_speedup.py measure TARGET.gguf [DRAFT.gguf] --n-gpu-layers -1 --out curve.json
 
 Acceptance does not depend on the hardware; cost does. At temperature 0 every accepted context is the target's
-greedy trace, so what a drafter proposes at a position depends only on the trace: scripts/record_traces.py recorded
+greedy trace, so what a drafter proposes at a position depends only on the trace: research/record_traces.py recorded
 the real pair's traces on the 5 bench suites and the draft model's greedy continuation (with its confidences) at
-every position (scripts/data/traces.json.gz). This script replays them through edgespec's own code: the
+every position (research/data/traces.json.gz). This script replays them through edgespec's own code: the
 speculation loop (speculate.speculate), the speculators from speculators.make_speculator (Controller, NgramPolicy,
 the real NgramIndex, the hardware gate), on a CostModel built from the curve file, as the engine builds it. Only
 the two models are fakes: the target answers with the recorded trace, the draft with its recorded continuations,
@@ -34,9 +34,9 @@ match with the trace), the fewest modelled seconds to produce each trace, by dyn
 drafts from the same proposals can beat it (it ignores the draft's catch-up cost, so it is a bound, slightly
 optimistic for the model drafter).
 
-Sampling (--sampled, T > 0): a sampled output has no single trace, so scripts/record_traces.py --sampled recorded one
+Sampling (--sampled, T > 0): a sampled output has no single trace, so research/record_traces.py --sampled recorded one
 trajectory per prompt, sampled plainly at T = 1.0 with the bench's settings (top-k 40, top-p 0.95, min-p 0.05), and at
-every position both models' 40 most likely tokens with their probabilities (scripts/data/traces_t1.json.gz). The
+every position both models' 40 most likely tokens with their probabilities (research/data/traces_t1.json.gz). The
 replay then samples for real, through the same loop and the engine's exact acceptance rules, from rows rebuilt from
 the recording (their sum of min(p, q) after the sampler's filters matches the recorded exact acceptance rate, 5e-5
 apart on average, except where a top-p or min-p threshold falls within the rounding of a recorded probability: with
@@ -1216,7 +1216,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="subcommand: predict_speedup.py measure TARGET [DRAFT] --out FILE (see measure --help)")
     ap.add_argument("--curve", action="append", default=[], help="curve file(s) (or bench --json report, or calibration cache)")
     ap.add_argument("--profiles", type=Path, nargs="?", const=DEFAULT_PROFILES, default=None,
-                    help="replay every curve file in this folder (default scripts/data/curves) at every --draft-relative "
+                    help="replay every curve file in this folder (default research/data/curves) at every --draft-relative "
                          "and print one table (profile x draft cost x suite) with the issue-23 goals")
     ap.add_argument("--draft-relative", default=None,
                     help="the draft's cost in target tokens, comma-separated (e.g. 0.3,0.45,0.6,0.8): replays each curve at "
