@@ -110,7 +110,7 @@ def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds:
         "model+trees": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads), tree_paths=SpecConfig().tree_nodes),
     }
     # Every decode of this run happens on this one thread, so llama.cpp's OpenMP keeps one thread pool (two pools on
-    # two cores slow every decode, see docs/benchmarks.md).
+    # two cores slow every decode, see docs/benchmarks-history.md, 2026-11-30).
     rng = np.random.default_rng(0)
     out: dict[str, dict[str, float]] = {}
     try:
@@ -197,7 +197,7 @@ def main() -> None:
     bin_dir = build_dir(cache_dir() / "llamacpp", llama_cpp.__version__, detect_cmake_args()) / "bin"  # the flags setup.sh uses
     rng = np.random.default_rng(0)
     # Every in-process configuration decodes on the engine's worker thread: llama.cpp's OpenMP keeps a thread pool
-    # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks.md).
+    # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks-history.md, 2026-11-30).
     on_worker = eng.submit
     configs: dict[str, Callable[[list[int]], float | None]] = {
         "bare": lambda p: on_worker(lambda _: model_loop(bare, p, args.tokens)).result(),
