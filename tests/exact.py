@@ -268,6 +268,16 @@ def chain_branches(draft: Sequence[int], q: Sequence[np.ndarray | None], p: Sequ
     return out
 
 
+def chain_run(rule: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[ScriptedRng], tuple[int, int, bool]]:
+    """One run of a chain rule on a scripted rng (passed after args), as (n_accepted, token, bonus)."""
+
+    def run(g: ScriptedRng) -> tuple[int, int, bool]:
+        v = rule(*args, g, **kwargs)
+        return (v.n_accepted, v.token, v.bonus)
+
+    return run
+
+
 def coupled_cells(rows: Sequence[np.ndarray]) -> list[tuple[float, float]]:
     """The common refinement of the inverse-CDF partitions of several rows of one position (common random numbers)."""
     cuts = {0.0, 1.0}

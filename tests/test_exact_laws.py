@@ -32,27 +32,25 @@ from exact import (
     Rows,
     ScriptedRng,
     chain_branches,
-    chance,
+    chain_run,
     coupled_cells,
     cdf_cells,
-    joint,
     mutant,
     run_cell,
     sampled_drafts,
     sibling_draws,
 )
-from edgespec import acceptance, tree as tree_mod
+from edgespec import acceptance
 from edgespec.acceptance import accept_coupled, accept_greedy, accept_sampled, expected_acceptance, residual
 from edgespec.config import SamplingParams
 from edgespec.constraint import apply_mask
 from edgespec.sampling import greedy as greedy_token
-from edgespec.sampling import sample, sample_at, warp
+from edgespec.sampling import PositionalUniforms, sample, sample_at, warp
 from edgespec.speculate import verify
 from edgespec.tree import (
     ROOT,
     RngDraws,
     TokenTree,
-    TreeVerdict,
     accept_tree_coupled,
     accept_tree_greedy,
     accept_tree_with,
@@ -94,16 +92,6 @@ def chain_law(
             if isinstance(out, tuple) and len(out) == 3:
                 law.add_emitted(list(d[: out[0]]) + [out[1]], w * br.weight)
     return law, problems + law.problems, off_theory
-
-
-def chain_run(rule: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[ScriptedRng], tuple[int, int, bool]]:
-    """One run of a chain rule on a scripted rng (passed after args), as (n_accepted, token, bonus)."""
-
-    def run(g: ScriptedRng) -> tuple[int, int, bool]:
-        v = rule(*args, g, **kwargs)
-        return (v.n_accepted, v.token, v.bonus)
-
-    return run
 
 
 def assert_exact(law: Law, problems: list[str], off_theory: float = 0.0) -> None:
@@ -217,23 +205,20 @@ def test_chain_rule_deterministic_drafts_exact_for_every_draft(V: int, k: int, k
     p(d) and resampled from p without d; the law is the target's whatever the guess (zero-p guesses included)."""
     pM = Rows(V, seed, kind)
     drafts = all_drafts(V, k)
-    for d in drafts[:: 1 if k < 3 else 7]:
+    for d in drafts[:: 1 if k < 3 else 7]:  # all of them for k = 2, every 7th of the 216 for k = 3
         law, problems, off = chain_law(pM, V, k, drafts=[d])
         assert_exact(law, problems, off)
 
 
 def test_chain_rule_mixed_drafts_exact() -> None:
-    """Deterministic tokens first (forced scaffolding), then a draft model's samples: the loop's _after_forced chain."""
+    """Deterministic tokens first (forced scaffolding), then a draft model's samples after them: the loop's
+    _after_forced chain."""
     V = 6
     pM, qM = Rows(V, 60, "sparse"), Rows(V, 61, "dirichlet")
-    drafts = []
     for lead in [(2,), (0, 4)]:
-        for d, rows, w in sampled_drafts(lambda s: qM(s), 3 - len(lead), lead):
-            drafts.append((list(lead) + d, [None] * len(lead) + list(rows), w))
-    law, problems, off = chain_law(pM, V, 3, drafts=[x for x in drafts if len(x[0]) == 3 and x[0][0] == 2])
-    assert_exact(law, problems, off)
-    law, problems, off = chain_law(pM, V, 3, drafts=[x for x in drafts if x[0][:2] == [0, 4]])
-    assert_exact(law, problems, off)
+        drafts = [(list(lead) + d, [None] * len(lead) + list(rows), w) for d, rows, w in sampled_drafts(qM, 3 - len(lead), lead)]
+        law, problems, off = chain_law(pM, V, 3, drafts=drafts)
+        assert_exact(law, problems, off)
 
 
 def test_chain_rule_k_zero_is_a_sample_of_p0() -> None:
@@ -305,12 +290,20 @@ def test_greedy_verify_is_plain_greedy_for_every_draft() -> None:
 
 
 # ================================================================================================ coupled (seeded)
-def coupled_law(pM: RowFn, qM: RowFn | None, V: int, k: int, rule: Callable[..., Any] = accept_coupled) -> tuple[Law, list[str]]:
+def coupled_law(
+    pM: RowFn,
+    qM: RowFn | None,
+    V: int,
+    k: int,
+    rule: Callable[..., Any] = accept_coupled,
+    cycle: Callable[[list[int], list[float]], list[int]] | None = None,
+) -> tuple[Law, list[str]]:
     """Seeded cycles: u_i is position i's uniform, the draft samples d_i = sample_at(q_i, u_i) with it (qM None: the
     deterministic draft [0, 1, ..., k-1]), the target verifies with accept_coupled. Enumerates the common refinement
     of q_i's and p_i's inverse-CDF cells at every position up to the first mismatch (the uniforms after it are one
     cell [0, 1) each: the output must not depend on them); checks pathwise that the output is plain seeded decoding
-    (x_i = sample_at(p(x_<i), u_i)) and returns the law of the first k + 1 tokens."""
+    (x_i = sample_at(p(x_<i), u_i)) and returns the law of the first k + 1 tokens. `cycle(draft, uniforms)`: the
+    emitted tokens some other way (speculate.verify with a constraint)."""
     law = Law(pM, V, k + 1)
     problems: list[str] = []
 
@@ -319,9 +312,11 @@ def coupled_law(pM: RowFn, qM: RowFn | None, V: int, k: int, rule: Callable[...,
         d: list[int] = []
         for i in range(k):
             d.append(sample_at(qM(tuple(d)), us[i]) if qM is not None else i)
-        p = np.stack([pM(tuple(d[:i])) for i in range(k + 1)])
-        v = rule(d, p, us)
-        emitted = d[: v.n_accepted] + [v.token]
+        if cycle is not None:
+            emitted = cycle(d, us)
+        else:
+            v = rule(d, np.stack([pM(tuple(d[:i])) for i in range(k + 1)]), us)
+            emitted = d[: v.n_accepted] + [v.token]
         plain: list[int] = []
         for i in range(len(emitted)):
             plain.append(sample_at(pM(tuple(plain)), us[i]))
@@ -477,6 +472,43 @@ def test_grammar_forced_drafts_exact_and_accepted_without_fail(allow_two: bool) 
         assert n_law[: len(lead)].sum() == 0.0  # the forced tokens are never rejected
 
 
+class CellUniforms(PositionalUniforms):
+    """PositionalUniforms whose uniform at position L + i is us[i] (a cell's probe point)."""
+
+    def __init__(self, L: int, us: Sequence[float]) -> None:
+        super().__init__(0)
+        self.L, self.us = L, list(us)
+
+    def at(self, position: int) -> float:
+        return float(self.us[position - self.L])
+
+
+@pytest.mark.parametrize("masked_q", [False, True])
+def test_seeded_verify_under_a_constraint_is_plain_seeded_decoding(masked_q: bool) -> None:
+    """speculate.verify with PositionalUniforms (common random numbers) under a constraint, with the loop's cut after
+    a forbidden draft: on every cell of the uniforms the output is plain seeded masked decoding; the law is the
+    masked target's."""
+    V, k = 7, 2
+    logits, mask = logits_model(V, 190), grammar(V, 191)
+    history = [1, 4]
+    pT = masked_target(logits, mask, CONSTRAINED, history)
+    draft_logits = logits_model(V, 192)
+    qM = lambda s: warp(apply_mask(draft_logits(s), mask(s)) if masked_q else draft_logits(s), SamplingParams(temperature=1.1))
+
+    def cycle(d: list[int], us: list[float]) -> list[int]:
+        n_ok = next((i for i in range(k) if not mask(tuple(d[:i]))[d[i]]), k)
+        draft = d[: n_ok + 1] if n_ok < k else d
+        n_rows = len(draft) + (1 if n_ok == k else 0)
+        rows = np.stack([logits(tuple(draft[:i])) for i in range(n_rows)])
+        masks = [mask(tuple(draft[:i])) for i in range(n_rows)]
+        v = verify(draft, [qM(tuple(draft[:i])) for i in range(len(draft))], rows, list(history), CONSTRAINED, CellUniforms(len(history), us), masks=masks)
+        return draft[: v.n_accepted] + [v.token]
+
+    law, problems = coupled_law(pT, qM, V, k, cycle=cycle)
+    assert not problems, problems[:5]
+    assert law.distance() < TOL
+
+
 # ================================================================================================ tree rules
 def rows_for(tree: TokenTree, pM: RowFn, skip: set[int] | None = None) -> list[np.ndarray | None]:
     """The root row, then the target's row after the path to each node (None for nodes left out and their subtrees,
@@ -577,9 +609,11 @@ def test_tree_rule_sampled_siblings_exact(V: int, kind: str, qkind: str, seed: i
     assert law.distance() < TOL and not law.problems
 
 
-def test_tree_rule_forced_chain_with_a_sampled_subtree_under_a_constraint() -> None:
-    """The loop's tree under forced drafts: a deterministic forced chain, then sampled siblings below it; masked rows
-    (the mask of each node's own path before warp) and nodes the constraint forbids left out (rows None)."""
+@pytest.mark.parametrize("subtree", ["sampled", "deterministic"])
+def test_tree_rule_forced_chain_with_a_subtree_under_a_constraint(subtree: str) -> None:
+    """The loop's tree under forced drafts: a deterministic forced chain, then siblings drawn without replacement (or
+    a draft's top choices) below it; masked rows (the mask of each node's own path before warp) and nodes the
+    constraint forbids left out (rows None)."""
     V = 6
     logits = logits_model(V, 150)
     mask = grammar(V, 151, forced=(0,))
@@ -590,7 +624,11 @@ def test_tree_rule_forced_chain_with_a_sampled_subtree_under_a_constraint() -> N
     def skip(tree: TokenTree) -> set[int]:
         return {i for i in range(len(tree)) if not mask(tuple(tree.path_tokens(i)[:-1]))[tree.token(i)]}
 
-    trees = sampled_trees(WIDE, qM, False, lead)
+    if subtree == "sampled":
+        trees = sampled_trees(WIDE, qM, False, lead)
+    else:
+        t = TokenTree.chain(lead)  # an n-gram-like drafter that ranks what the grammar forbids first
+        trees = [(top_tree(DEEP3, lambda s: qM(s) + 2.0 * ~mask(s), tuple(lead), t, 0), 1.0)]
     law = tree_law(trees, pT, V, 4, skip=skip)
     assert law.distance() < TOL and not law.problems
     assert sum(w for t, w in trees if skip(t)) > 0.05
@@ -870,6 +908,17 @@ def test_planted_bug_in_the_tree_coupled_and_greedy_rules_fails(name: str, edit:
     assert greedy_bug(tree, argmax) != accept_tree_greedy(tree, argmax)
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [("self.rng.random() * den < num", "self.rng.random() < num"), ("self.rng.random() * den < num", "self.rng.random() * num < den")],
+)
+def test_planted_bug_in_rng_draws_fails(edit: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """accept_tree's uniforms: a wrong threshold in RngDraws.accept fails its exact check."""
+    monkeypatch.setattr(RngDraws, "accept", mutant(RngDraws.accept, edit))
+    with pytest.raises(AssertionError):
+        test_rng_draws_turn_decisions_into_uniforms_exactly()
+
+
 def test_planted_bug_in_sample_fails() -> None:
     """sample_at's inverse CDF not scaled by the row's total (residual rows are unnormalised)."""
     from edgespec import sampling
@@ -880,33 +929,6 @@ def test_planted_bug_in_sample_fails() -> None:
     assert not all(outs)
 
 
-def test_planted_bug_tree_enumeration_catches_mixed_kind_errors() -> None:
-    """The hand-written wrong variant of the docstring's 'p(c_1) then renormalise' for deterministic siblings: tried
-    with the original p(c) (no renormalisation after a rejection) fails the tree law."""
-
-    def no_renormalise(tree: TokenTree, p_rows: Any, draws: Any) -> TreeVerdict:
-        path: list[int] = []
-        node = ROOT
-        while True:
-            row = np.asarray(p_rows[node + 1], dtype=np.float64)
-            r, chosen = row.copy(), None
-            for c in tree.children(node):
-                x = tree.token(c)
-                if draws.accept(row[x], 1.0):
-                    chosen = c
-                    break
-                r[x] = 0.0
-            if chosen is None:
-                return TreeVerdict(path, [tree.token(i) for i in path], draws.choose(r if r.any() else row), not tree.children(node))
-            path.append(chosen)
-            node = chosen
-
-    V = 6
-    pM = Rows(V, 240, "dirichlet")
-    trees = [(top_tree(DEEP3, pM), 1.0)]
-    assert tree_law(trees, pM, V, 3, rule=no_renormalise).distance() > BUG
-
-
 def test_the_mutants_are_real_edits() -> None:
     """mutant() refuses an edit that does not match the rule's source exactly once (a refactor must update the test,
     not silently plant nothing)."""
@@ -915,5 +937,3 @@ def test_the_mutants_are_real_edits() -> None:
     assert mutant(accept_sampled)([1], [None], np.array([[0, 1.0], [1.0, 0]]), ScriptedRng([0.5, 0.5])) == accept_sampled(
         [1], [None], np.array([[0, 1.0], [1.0, 0]]), ScriptedRng([0.5, 0.5])
     )
-    assert tree_mod.accept_tree_with is accept_tree_with and chance(np.array([0.2, 0.8]), None, 1) == 0.8
-    assert joint(Rows(3, 1), 3, 2).sum() == pytest.approx(1.0)
