@@ -25,11 +25,10 @@ loudly instead of testing nothing.
 from __future__ import annotations
 
 import inspect
-import itertools
 import sys
 import textwrap
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -94,30 +93,32 @@ class Rows:
         return row
 
 
-def joint(rows: Callable[[Prefix], np.ndarray], V: int, K: int, prefix: Prefix = (), _memo: dict | None = None) -> np.ndarray:
-    """P(the next K tokens after prefix = s) for s in V^K under the next-token rows `rows` (an array of shape (V,)*K)."""
+def joint(rows: Callable[[Prefix], np.ndarray], V: int, K: int, prefix: Prefix = (), memo: dict | None = None) -> np.ndarray:
+    """P(the next K tokens after prefix = s) for s in V^K under the next-token rows `rows` (an array of shape (V,)*K).
+    memo: a cache for this `rows` only ({(prefix, K): array})."""
     if K == 0:
         return np.ones(())
-    memo = _memo if _memo is not None else {}
-    key = (id(rows), prefix, K)
-    hit = memo.get(key)
+    memo = memo if memo is not None else {}
+    hit = memo.get((prefix, K))
     if hit is not None:
         return hit
     r = rows(prefix)
     out = np.zeros((V,) * K)
     for t in np.flatnonzero(r[:V] > 0):
         out[t] = r[t] * joint(rows, V, K - 1, prefix + (int(t),), memo)
-    memo[key] = out
+    memo[(prefix, K)] = out
     return out
 
 
 class Law:
-    """The law of the first K tokens after a cycle (cells V^K), accumulated from (emitted tokens, probability)."""
+    """The law of the first K tokens after a cycle (cells V^K) from the empty context, accumulated from (emitted
+    tokens, probability); after the cycle's tokens come the target's own samples (rows)."""
 
-    def __init__(self, rows: Callable[[Prefix], np.ndarray], V: int, K: int, context: Prefix = ()) -> None:
-        self.rows, self.V, self.K, self.context = rows, V, K, context
+    def __init__(self, rows: Callable[[Prefix], np.ndarray], V: int, K: int) -> None:
+        self.rows, self.V, self.K = rows, V, K
         self.law = np.zeros((V,) * K)
         self.problems: list[str] = []
+        self.accepted = np.zeros(K + 1)  # the law of how many drafted tokens the cycle kept (chain enumerations)
         self._memo: dict = {}
 
     def add_emitted(self, emitted: Sequence[int], weight: float) -> None:
@@ -127,20 +128,19 @@ class Law:
             return
         pr = 1.0
         for i, t in enumerate(e):
-            pr *= float(self.rows(self.context + e[:i])[t])
+            pr *= float(self.rows(e[:i])[t])
         if pr == 0.0 and weight > 0.0:  # found however small the cell: the target cannot produce this sequence
             self.problems.append(f"emitted {e}, which the target gives probability 0")
         if len(e) >= self.K:
             self.law[e[: self.K]] += weight
             return
-        tail = joint(lambda s: self.rows(self.context + s), self.V, self.K - len(e), e, self._memo)
-        self.law[e] += weight * tail
+        self.law[e] += weight * joint(self.rows, self.V, self.K - len(e), e, self._memo)
 
     def target(self) -> np.ndarray:
-        return joint(lambda s: self.rows(self.context + s), self.V, self.K, (), {})
+        return joint(self.rows, self.V, self.K, (), self._memo)
 
     def distance(self) -> float:
-        """max over cells of |law - target| (inf when the law has problems: a broken law is never 'close')."""
+        """max over cells of |law - target|."""
         return float(np.abs(self.law - self.target()).max())
 
 
@@ -191,7 +191,6 @@ class Branch:
     weight: float
     cells: list[tuple[float, float]]
     expect: Hashable = None
-    extra: Any = field(default=None, compare=False)
 
 
 def run_cell(run: Callable[[ScriptedRng], Hashable], cells: Sequence[tuple[float, float]]) -> tuple[Hashable, list[str]]:
@@ -343,7 +342,3 @@ def mutant(fn: Callable[..., Any], *edits: tuple[str, str], helpers: Sequence[tu
             src = src.replace(old, new)
         exec(compile(src, f"<mutant of {f.__qualname__}>", "exec"), namespace)  # noqa: S102 - a test's own source edit
     return namespace[fn.__name__]
-
-
-def product_cells(*cells: Sequence[tuple[float, float]]) -> list[list[tuple[float, float]]]:
-    return [list(c) for c in itertools.product(*cells)]

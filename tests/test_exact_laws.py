@@ -91,6 +91,7 @@ def chain_law(
                 off_theory += w * br.weight
             if isinstance(out, tuple) and len(out) == 3:
                 law.add_emitted(list(d[: out[0]]) + [out[1]], w * br.weight)
+                law.accepted[out[0]] += w * br.weight
     return law, problems + law.problems, off_theory
 
 
@@ -117,17 +118,6 @@ def nested_acceptance(pM: RowFn, qM: RowFn, V: int, depth: int, prefix: Prefix =
     return total
 
 
-def accepted_law(pM: RowFn, qM: RowFn, k: int) -> np.ndarray:
-    """The law of n_accepted of accept_sampled over every draft d ~ qM (enumerated cells)."""
-    out = np.zeros(k + 1)
-    for d, qrows, w in sampled_drafts(qM, k):
-        p = np.stack([pM(tuple(d[:i])) for i in range(k + 1)])
-        for br in chain_branches(d, qrows, p):
-            n, _, _ = run_cell(chain_run(accept_sampled, d, qrows, p), br.cells)[0]  # type: ignore[misc]
-            out[n] += w * br.weight
-    return out
-
-
 CHAIN_CASES = [
     # (V, k, target kind, draft kind, mix of the target into the draft, seed)
     (6, 3, "dirichlet", "dirichlet", 0.0, 1),
@@ -148,25 +138,22 @@ def test_chain_rule_sampled_drafts_exact(V: int, k: int, pkind: str, qkind: str,
     qM = Rows(V, seed + 100, qkind, mix=(pM, mix) if mix else None)
     law, problems, off = chain_law(pM, V, k, qM=qM)
     assert_exact(law, problems, off)
-    if k >= 2:
-        acc = accepted_law(pM, qM, k)
-        for i in range(1, k + 1):
-            assert acc[i:].sum() == pytest.approx(nested_acceptance(pM, qM, V, i), abs=1e-12)
+    for i in range(1, k + 1):
+        assert law.accepted[i:].sum() == pytest.approx(nested_acceptance(pM, qM, V, i), abs=1e-12)
 
 
 def test_chain_rule_q_equal_to_p_accepts_everything_and_disjoint_support_nothing() -> None:
     V, k = 6, 3
     pM = Rows(V, 12, "sparse")
-    acc = accepted_law(pM, pM, k)
-    assert acc[k] == pytest.approx(1.0, abs=1e-12)  # p / q = 1 everywhere
-    assert expected_acceptance(pM(()), pM(())) == pytest.approx(1.0)
     law, problems, off = chain_law(pM, V, k, qM=pM)
     assert_exact(law, problems, off)
+    assert law.accepted[k] == pytest.approx(1.0, abs=1e-12)  # p / q = 1 everywhere
+    assert expected_acceptance(pM(()), pM(())) == pytest.approx(1.0)
     low = lambda s: np.array([0.4, 0.3, 0.2, 0.1, 0.0, 0.0]) if len(s) % 2 else np.array([0.1, 0.2, 0.3, 0.4, 0.0, 0.0])
     high = lambda s: np.array([0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
     law, problems, off = chain_law(low, V, 2, qM=high)
     assert_exact(law, problems, off)
-    assert accepted_law(low, high, 2)[0] == pytest.approx(1.0, abs=1e-15)
+    assert law.accepted[0] == pytest.approx(1.0, abs=1e-15)
     assert expected_acceptance(low(()), high(())) == 0.0
 
 

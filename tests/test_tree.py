@@ -37,6 +37,7 @@ from edgespec.tree import (
     outcome_distribution,
     sample_children,
 )
+from exact import sibling_draws  # every way to draw b siblings (i.i.d. or without replacement) with its probability
 
 ALPHA = 1e-3
 N = 20_000
@@ -113,23 +114,6 @@ def deterministic_tree(shape: tuple, q: Model, context: Prefix = ()) -> TokenTre
 
     grow(ROOT, context, shape)
     return tree
-
-
-def sibling_draws(qrow: np.ndarray, b: int, replacement: bool) -> list[tuple[list[tuple[int, np.ndarray]], float]]:
-    """Every way to draw b siblings from qrow, with its probability: [(token, row drawn from)...], prob."""
-    out = []
-    for toks in itertools.product(range(len(qrow)), repeat=b):
-        prob, rows, q = 1.0, [], qrow
-        for t in toks:
-            prob *= q[t]
-            rows.append((t, q))
-            if not replacement and prob > 0:
-                q = q.copy()
-                q[t] = 0.0
-                q = q / q.sum() if q.sum() > 0 else q
-        if prob > 0:
-            out.append((rows, prob))
-    return out
 
 
 def enumerate_sampled_trees(shape: tuple, q: Model, replacement: bool) -> list[tuple[TokenTree, float]]:
