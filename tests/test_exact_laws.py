@@ -596,6 +596,19 @@ def test_tree_rule_sampled_siblings_exact(V: int, kind: str, qkind: str, seed: i
     assert law.distance() < TOL and not law.problems
 
 
+@pytest.mark.parametrize("replacement", [True, False])
+def test_tree_rule_draft_vocabulary_larger_than_the_target(replacement: bool) -> None:
+    """Siblings drawn from a draft row 2 ids longer than the target's: those ids (and their subtrees) are not decoded
+    (rows None, as tree.batch with n_vocab leaves them out), never accepted, never emitted; the law stays exact."""
+    V = 6
+    pM, qM = Rows(V, 145, "dirichlet"), Rows(V + 2, 146, "dirichlet")
+    trees = sampled_trees(WIDE, qM, replacement)
+    past = lambda t: {i for i in range(len(t)) if t.token(i) >= V}
+    law = tree_law(trees, pM, V, 3, skip=past)
+    assert law.distance() < TOL and not law.problems
+    assert sum(w for t, w in trees if past(t)) > 0.1
+
+
 @pytest.mark.parametrize("subtree", ["sampled", "deterministic"])
 def test_tree_rule_forced_chain_with_a_subtree_under_a_constraint(subtree: str) -> None:
     """The loop's tree under forced drafts: a deterministic forced chain, then siblings drawn without replacement (or
