@@ -521,11 +521,19 @@ def tree_law(
     skip: Callable[[TokenTree], set[int]] | None = None,
 ) -> Law:
     """The exact law of the first K tokens after one tree cycle (the tree rule's decisions enumerated by
-    tree.outcome_distribution), over trees drawn with the given probabilities; `skip`: the nodes left out of a tree."""
+    tree.outcome_distribution), over trees drawn with the given probabilities; `skip`: the nodes left out of a tree.
+    A verdict whose bonus flag is not "the last accepted node is a leaf" is a problem."""
     law = Law(pM, V, K)
+
+    def checked(tree: TokenTree, rows: Any, draws: Any) -> Any:
+        v = rule(tree, rows, draws)
+        if v.bonus != (not tree.children(v.path[-1] if v.path else ROOT)):
+            law.problems.append(f"bonus {v.bonus} after the path {v.path}")
+        return v
+
     for tree, w in trees:
         rows = rows_for(tree, pM, skip(tree) if skip else None)
-        for (path, token), pr in outcome_distribution(tree, rows, rule).items():
+        for (path, token), pr in outcome_distribution(tree, rows, checked).items():
             law.add_emitted([tree.token(i) for i in path] + [token], w * pr)
     return law
 
@@ -584,7 +592,7 @@ def test_tree_rule_deterministic_siblings_exact(V: int, kind: str, qkind: str, s
 
 
 @pytest.mark.parametrize("replacement", [True, False])
-@pytest.mark.parametrize("V, kind, qkind, seed", [(6, "dirichlet", "dirichlet", 140), (6, "sparse", "ties", 141)])
+@pytest.mark.parametrize("V, kind, qkind, seed", [(6, "dirichlet", "dirichlet", 140), (6, "sparse", "ties", 141), (6, "ties", "peaked", 142)])
 def test_tree_rule_sampled_siblings_exact(V: int, kind: str, qkind: str, seed: int, replacement: bool) -> None:
     """i.i.d. siblings (duplicates included) and siblings without replacement, every realisation enumerated."""
     pM = Rows(V, seed, kind)
@@ -691,6 +699,25 @@ def test_tree_coupled_rule_is_plain_seeded_decoding_and_exact() -> None:
                 law.add_emitted(out, (c0[1] - c0[0]) * (c1[1] - c1[0]) * (c2[1] - c2[0]))  # type: ignore[arg-type]
     assert not problems, problems[:5]
     assert law.distance() < TOL
+
+
+def test_zero_q_claims_are_rejected_exactly() -> None:
+    """A draft that reports a token its own q gives probability 0 (no evidence; such a draft is not a sample of q, so
+    the output need not be the target's): rejected with probability exactly 1 in the chain rule (every cell; the next
+    token from the residual max(0, p - q), cell by cell) and in the tree rule (every decision)."""
+    V = 6
+    pM = Rows(V, 250, "dirichlet")
+    q = np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0])  # q(0) = q(2) = 0
+    law, problems, off = chain_law(pM, V, 1, drafts=[([0], [q], 1.0)])
+    assert not problems and off == 0.0 and law.accepted[0] == 1.0
+    for kids in ([0], [2, 0]):
+        tree = TokenTree()
+        for t in kids:
+            tree.add(ROOT, t, q)
+        dist = outcome_distribution(tree, rows_for(tree, pM))
+        assert all(not path for path, _ in dist), dist
+        r = np.maximum(pM(()) - q, 0.0)
+        assert {t: pytest.approx(w, abs=1e-15) for (_, t), w in dist.items()} == {int(t): r[t] / r.sum() for t in np.flatnonzero(r)}
 
 
 # ================================================================================================ randomness
@@ -879,6 +906,21 @@ def test_planted_bug_in_the_tree_rule_fails(name: str, edit: tuple[str, str], ki
     trees = [(top_tree(DEEP3, pM), 1.0)] if kind == "det" else sampled_trees(WIDE, qM, kind == "iid")
     assert tree_law(trees, pM, V, 3).distance() < TOL
     assert tree_law(trees, pM, V, 3, rule=mutant(accept_tree_with, edit)).distance() > BUG
+
+
+def test_planted_bugs_in_the_tree_rule_corners_fail() -> None:
+    """A zero-q claim accepted now and then, and a wrong bonus flag: neither moves the target's law on honest trees,
+    both fail the exact checks (the zero-q test's enumeration, tree_law's bonus check)."""
+    V = 6
+    pM = Rows(V, 250, "dirichlet")
+    q = np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0])
+    tree = TokenTree()
+    tree.add(ROOT, 0, q)
+    claim = mutant(accept_tree_with, ("accepted = draws.accept(0.0, 1.0)", "accepted = draws.accept(1e-3, 1.0)"))
+    assert any(path for path, _ in outcome_distribution(tree, rows_for(tree, pM), claim))
+    flag = mutant(accept_tree_with, ("draws.choose(r), not kids)", "draws.choose(r), bool(kids))"))
+    law = tree_law([(top_tree(DEEP3, pM), 1.0)], pM, V, 3, rule=flag)
+    assert law.distance() < TOL and law.problems
 
 
 @pytest.mark.parametrize(
