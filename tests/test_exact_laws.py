@@ -512,6 +512,35 @@ def rows_for(tree: TokenTree, pM: RowFn, skip: set[int] | None = None) -> list[n
     return out
 
 
+class _CheckedDraws:
+    """Draws that hold the rule to the protocol: accept(num, den) only with den > 0 (RngDraws and the enumeration's
+    draws read den <= 0 differently, so a rule that passes it would be exact under one and not the other)."""
+
+    def __init__(self, draws: Any, problems: list[str]) -> None:
+        self.draws, self.problems = draws, problems
+
+    def accept(self, num: float, den: float) -> bool:
+        if not den > 0:
+            self.problems.append(f"accept({num}, {den}): den must be > 0")
+        return bool(self.draws.accept(num, den))
+
+    def choose(self, weights: np.ndarray) -> int:
+        return int(self.draws.choose(weights))
+
+
+def guarded(rule: Callable[..., Any], problems: list[str]) -> Callable[..., Any]:
+    """The tree rule with its draws checked (_CheckedDraws) and its bonus flag checked ("the last accepted node is a
+    leaf"); violations go to `problems`."""
+
+    def checked(tree: TokenTree, rows: Any, draws: Any) -> Any:
+        v = rule(tree, rows, _CheckedDraws(draws, problems))
+        if v.bonus != (not tree.children(v.path[-1] if v.path else ROOT)):
+            problems.append(f"bonus {v.bonus} after the path {v.path}")
+        return v
+
+    return checked
+
+
 def tree_law(
     trees: Sequence[tuple[TokenTree, float]],
     pM: RowFn,
@@ -524,13 +553,7 @@ def tree_law(
     tree.outcome_distribution), over trees drawn with the given probabilities; `skip`: the nodes left out of a tree.
     A verdict whose bonus flag is not "the last accepted node is a leaf" is a problem."""
     law = Law(pM, V, K)
-
-    def checked(tree: TokenTree, rows: Any, draws: Any) -> Any:
-        v = rule(tree, rows, draws)
-        if v.bonus != (not tree.children(v.path[-1] if v.path else ROOT)):
-            law.problems.append(f"bonus {v.bonus} after the path {v.path}")
-        return v
-
+    checked = guarded(rule, law.problems)
     for tree, w in trees:
         rows = rows_for(tree, pM, skip(tree) if skip else None)
         for (path, token), pr in outcome_distribution(tree, rows, checked).items():
@@ -714,8 +737,9 @@ def test_zero_q_claims_are_rejected_exactly() -> None:
         tree = TokenTree()
         for t in kids:
             tree.add(ROOT, t, q)
-        dist = outcome_distribution(tree, rows_for(tree, pM))
-        assert all(not path for path, _ in dist), dist
+        problems: list[str] = []
+        dist = outcome_distribution(tree, rows_for(tree, pM), guarded(accept_tree_with, problems))
+        assert not problems and all(not path for path, _ in dist), dist
         r = np.maximum(pM(()) - q, 0.0)
         assert {t: pytest.approx(w, abs=1e-15) for (_, t), w in dist.items()} == {int(t): r[t] / r.sum() for t in np.flatnonzero(r)}
 
@@ -909,8 +933,8 @@ def test_planted_bug_in_the_tree_rule_fails(name: str, edit: tuple[str, str], ki
 
 
 def test_planted_bugs_in_the_tree_rule_corners_fail() -> None:
-    """A zero-q claim accepted now and then, and a wrong bonus flag: neither moves the target's law on honest trees,
-    both fail the exact checks (the zero-q test's enumeration, tree_law's bonus check)."""
+    """A zero-q claim accepted now and then, or passed to accept() with den 0, and a wrong bonus flag: none moves the
+    target's law on honest trees, all fail the exact checks (the zero-q enumeration, guarded()'s checks)."""
     V = 6
     pM = Rows(V, 250, "dirichlet")
     q = np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0])
@@ -918,6 +942,10 @@ def test_planted_bugs_in_the_tree_rule_corners_fail() -> None:
     tree.add(ROOT, 0, q)
     claim = mutant(accept_tree_with, ("accepted = draws.accept(0.0, 1.0)", "accepted = draws.accept(1e-3, 1.0)"))
     assert any(path for path, _ in outcome_distribution(tree, rows_for(tree, pM), claim))
+    problems: list[str] = []
+    unguarded = mutant(accept_tree_with, ("if q_x > 0.0 and z > 0.0:", "if q_x > 0.0 or z > 0.0:"))
+    outcome_distribution(tree, rows_for(tree, pM), guarded(unguarded, problems))
+    assert problems  # accept(p(x), 0): RngDraws would accept it
     flag = mutant(accept_tree_with, ("draws.choose(r), not kids)", "draws.choose(r), bool(kids))"))
     law = tree_law([(top_tree(DEEP3, pM), 1.0)], pM, V, 3, rule=flag)
     assert law.distance() < TOL and law.problems
