@@ -5,14 +5,21 @@ emits is computed (tests/exact.py: every draft the drafter can make with its pro
 uniforms run through the implementation itself with a scripted rng, or every decision of the tree rule via
 tree.outcome_distribution) and compared with the target's law of the first K tokens (the cycle's tokens, then the
 target's own samples) to TOL = 1e-9. Targets and drafts depend on the whole prefix and include exact zeros, exact
-ties, near-ties (1e-13) and near-zero cells. Each rule family also has planted bugs (edits of the rule's own source,
-or hand-written wrong variants) that this check must reject by more than BUG = 1e-3.
+ties, near-ties (1e-13) and near-zero cells. The chain enumerations also require the implementation to give the
+reference rule's outcome on every cell (not only the right law), and flag any emitted sequence of target probability
+0 however small its cell; the tree enumerations hold the rule to the Draws protocol and check its bonus flag.
 
 Families: chain rule (acceptance.accept_sampled) with sampled, deterministic and mixed drafts, vocabularies of
-different sizes, filtered targets; greedy (accept_greedy through speculate.verify, pathwise); seeded / common random
-numbers (accept_coupled, pathwise and in law); constraint masks and grammar-forced drafts through speculate.verify;
-tree rule (tree.accept_tree_with) for deterministic, i.i.d. and without-replacement siblings, forced chains with a
-sampled subtree, masked trees with skipped nodes; tree greedy and coupled rules; RngDraws and sample/sample_at.
+different sizes, filtered targets, zero-q claims; greedy (accept_greedy through speculate.verify, pathwise); seeded
+/ common random numbers (accept_coupled, and speculate.verify with PositionalUniforms under a constraint: pathwise
+plain seeded decoding, and in law); constraint masks and grammar-forced drafts through speculate.verify; tree rule
+(tree.accept_tree_with) for deterministic, i.i.d. and without-replacement siblings, draft ids past the target's
+vocabulary, forced chains with a subtree under a constraint (masked rows, forbidden nodes left out); tree greedy and
+coupled rules; RngDraws (the uniforms behind accept_tree) and sample / sample_at.
+
+Planted bugs: each family has edits of the rule's own source (exact.mutant; an edit that no longer matches fails
+loudly) or hand-written wrong variants, which these checks must reject (a law off by more than BUG = 1e-3, or a
+reported problem where the bug does not move the law).
 """
 
 from __future__ import annotations
