@@ -20,13 +20,15 @@ and each advances a virtual clock by what the curve file says the call costs (no
     draft: catching up m tokens draft_verify(m), else draft * verify(m) / verify(1)
     every cycle                 overhead                             (Python work outside both models; default 0)
 
-The engine's online learning runs as in a bench (the curve and the draft cost carry over from prompt to prompt),
-fed with these modelled times. Speedup per suite = plain decode time / speculative decode time over the suite's
-prompts (summed tokens / summed seconds on each side, as `edgespec bench` reports it), for each drafter kind the
-engine has: model, ngram, model+ngram (the default, "auto" with a draft model), and with --kinds the suffix-index
-drafters suffix and model+suffix, whose token trees the fake target verifies as llama.cpp's tree decode would (one
-decode of the tree's nodes costs verify(nodes + 1); the memory starts empty and holds every prompt and output
-replayed before, as one engine's would in a bench run).
+The engine's online learning runs as in a bench, fed with these modelled times: each drafter kind replays through
+one edgespec.learning.LearningState, the engine's own (the curve, the draft's cost and gate, the estimators, the rate
+guard and the suffix memory carry over from prompt to prompt), driven through the methods Engine._run calls.
+Speedup per suite = plain decode time / speculative decode time over the suite's prompts (summed tokens / summed
+seconds on each side, as `edgespec bench` reports it), for each drafter kind the engine has: model, ngram,
+model+ngram (the default, "auto" with a draft model), and with --kinds the suffix-index drafters suffix and
+model+suffix, whose token trees the fake target verifies as llama.cpp's tree decode would (one decode of the tree's
+nodes costs verify(nodes + 1); the memory starts empty and holds every prompt and output replayed before, as one
+engine's would in a bench run).
 
 The oracle: knowing how many tokens each proposal would get accepted (the recorded continuation's and the lookup's
 match with the trace), the fewest modelled seconds to produce each trace, by dynamic programming over positions
@@ -851,8 +853,7 @@ def predict(
     best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table); with fit_rules, the best fixed
     confidence / match-run rule for model+ngram fitted on each suite's traces (fitted_rule; overall: each suite with
     its own rule). seed: a sampled replay's draws (prompt i of the recording draws from [seed, i], every kind alike)."""
-    from edgespec.costs import CostModel, draft_model_pays
-    from edgespec.speculators import model_draft_used
+    from edgespec.costs import draft_model_pays
 
     sampled = data.get("format") == 3
     if sampled and (fit or fit_rules):
@@ -949,13 +950,13 @@ def predict(
     if fit_rules:  # every suite with its own fitted rule
         sec = sum(r["fitted_rule"]["seconds"] for r in suite_results.values())
         overall["fitted_rule"] = {"speedup": round(overall["plain_seconds"] / sec, 4), "seconds": sec}
-    cm = CostModel(cost.verify, c_draft=cost.draft)
-    gate = draft_model_pays(cm, max(spec.draft_max, 1), spec.draft_min)
+    fresh = new_state(cost)  # what an engine starts with on this curve
+    gate = draft_model_pays(fresh.cost_model(), max(spec.draft_max, 1), spec.draft_min)
     return {
         "curve": cost.describe(),
         "spec": {"draft_max": spec.draft_max, "adaptive": spec.adaptive, "ngram_draft_max": spec.ngram_draft_max},
         "draft_model_pays": gate,  # the hardware gate on this curve (adaptive mode)
-        "draft_model_used": model_draft_used("model", spec, cm),  # a fixed draft length bypasses the gate
+        "draft_model_used": fresh.model_draft_used("model", spec),  # a fixed draft length bypasses the gate
         "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len", "sampling")},
         "suites": suite_results,
         "overall": overall,

