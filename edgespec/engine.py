@@ -33,18 +33,17 @@ from .backend import Model, default_threads
 from .config import ModelSpec, SamplingParams, SpecConfig, check_stop, check_tree_fits
 from .constraint import Constraint, Matcher
 from .structured import Tool, constraint_from_response_format, prompt_messages
-from .costs import CostModel, VerifyCurve
+from .costs import VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
 from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
-from .estimators import AcceptanceEstimator, MatchLengthEstimator
-from .policy import RateGuard
+from .learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, guarded, make_speculator, model_draft_used, tree_paths_for
+from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -104,19 +103,20 @@ class Engine:
         self.draft = draft
         self.spec = spec or SpecConfig()
         self.drafter_kind = drafter
+        if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
+            raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
+        # what the engine learns across generations (learning.LearningState: costs, gate, estimators, guards), with the
+        # suffix drafter's memory of everything seen (saved to memory_path when the engine closes)
+        if memory is None and drafter in TREE_KINDS:
+            memory = SuffixIndex(vocab=vocab_fingerprint(target))
+        self.learning = LearningState.from_costs({1: 1.0}, memory=memory)
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
-        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
-        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise (any draft_max)
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._max_token_bytes: int | None = None
         self._fim: FimTokens | None = None
         self._closed = False
-        if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
-            raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
-        # the suffix drafter's memory of everything seen (saved to memory_path when the engine closes)
-        self.memory = memory if memory is not None else (SuffixIndex(vocab=vocab_fingerprint(target)) if drafter in TREE_KINDS else None)
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         self._worker = Worker(max_queue)
         models = [m for m in (target, draft) if m is not None]
@@ -198,12 +198,29 @@ class Engine:
     def set_calibration(self, calibration: cal.Calibration) -> None:
         """Plan with these measured costs from now on (the live curve starts over from them)."""
         self.calibration = calibration
-        self.curve = _curve(calibration)
-        self.draft_cost = calibration.draft
-        self.draft_gate_open = False  # the draft model's hardware gate at the end of the last generation (its hysteresis)
-        # the live check that speculation delivers here (policy.RateGuard), one per drafter kind (what one drafter
-        # delivers says nothing of another's), kept across generations like the estimates
-        self.rate_guards: dict[str, RateGuard] = {}
+        # live (every generation refines it, a level shift rescales it) for measured costs; frozen for costs the caller
+        # fixed (source "fixed": they are what it plans with, whatever the clock says)
+        self.learning.set_costs(calibration.verify, calibration.draft, frozen=calibration.source == "fixed")
+
+    @property
+    def memory(self) -> SuffixIndex | None:
+        """The suffix drafters' memory of everything seen (None without a suffix drafter)."""
+        return self.learning.memory
+
+    @property
+    def curve(self) -> VerifyCurve:
+        """The target's live verify curve."""
+        return self.learning.curve
+
+    @property
+    def draft_cost(self) -> float:
+        """The draft's seconds per token, as learnt so far."""
+        return self.learning.draft_cost
+
+    @property
+    def draft_gate_open(self) -> bool:
+        """The draft model's hardware gate at the end of the last generation (its hysteresis spans generations)."""
+        return self.learning.draft_gate_open
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
@@ -413,8 +430,7 @@ class Engine:
         "model+ngram" then runs the lookup alone."""
         if self.draft is None:
             return False
-        cost = CostModel(self.curve, c_draft=self.draft_cost)
-        return model_draft_used(drafter or self.drafter_kind, self.spec, cost, self.draft_gate_open)
+        return self.learning.model_draft_used(drafter or self.drafter_kind, self.spec)
 
     def stream(
         self,
@@ -601,13 +617,8 @@ class Engine:
         # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
-        cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
-        speculator = make_speculator(
-            kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator,
-            tree_paths=self.target.tree_paths, gate_open=self.draft_gate_open,
-        )
-        if spec.adaptive:  # a fixed draft length is always obeyed
-            speculator = guarded(speculator, self.rate_guards.setdefault(kind, RateGuard()), cost)
+        cost = self.learning.cost_model()  # frozen with a frozen curve
+        speculator = self.learning.speculator(kind, spec, sampling, cost, self.draft, tree_paths=self.target.tree_paths)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(self.target.token_bytes, stops)
         steps: Generator[Step, None, None] = speculate(
@@ -631,8 +642,7 @@ class Engine:
             stats.n_generated = len(ids)
             if speculator is not None:
                 stats.controller = speculator.stats()
-            self.draft_cost = cost.c_draft
-            self.draft_gate_open = draft_gate_open(speculator, kind, spec, self.draft_gate_open)
+            self.learning.end_generation(speculator, kind, spec, cost)
             stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
@@ -724,12 +734,6 @@ def _extra_chunk(c: Any, i: int) -> ExtraChunk:
     if not isinstance(out.text, str) or not isinstance(out.filename, str):
         raise ConfigError(f"{where}: text and filename must be strings")
     return out
-
-
-def _curve(calibration: cal.Calibration) -> VerifyCurve:
-    """The engine's verify curve: live (every generation refines it, a level shift rescales it) for measured
-    costs; frozen for costs the caller fixed (source "fixed": they are what it plans with, whatever the clock says)."""
-    return VerifyCurve(calibration.verify, frozen=calibration.source == "fixed")
 
 
 def vocab_fingerprint(model: Model) -> str:

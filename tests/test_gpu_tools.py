@@ -269,12 +269,12 @@ def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bo
     cost = ps.Curve(verify=dict(verify), draft=0.3 * verify[1], overhead=0.01 * verify[1], depth_scale=table)
     fixed = SpecConfig(draft_max=8, adaptive=False, ngram_n_min=1)
     def replayed(kind: str | None) -> float:  # the replay's decode seconds over the prompts, unrounded
-        state = ps.EngineState(cost)
+        state = ps.new_state(cost)
         return sum(ps.run_one(rec, data, kind, cost, state, fixed)[0].decode_seconds for rec in data["prompts"])
 
     prompts = []
     for rec in data["prompts"]:
-        first = ps.run_one(rec, data, None, cost, ps.EngineState(cost), fixed)[1]
+        first = ps.run_one(rec, data, None, cost, ps.new_state(cost), fixed)[1]
         prompts.append((len(rec["prompt"]), first, ps.model_proposals(rec, data, 8), ps.ngram_proposals(rec, fixed, 8)))
     model = ps.rule_seconds(prompts, cost, K=8, theta=0.0, R=1 << 30, Kn=8)
     ngram = ps.rule_seconds(prompts, cost, K=0, theta=0.0, R=0, Kn=8)
@@ -306,8 +306,8 @@ def test_python_time_charges_the_replays_own_work():
     for kind in (None, "model+ngram"):
         modelled = ps.Curve(verify=dict(free), draft=1e-12)
         timed = ps.Curve(verify=dict(free), draft=1e-12, python_time=True)
-        s0, _ = ps.run_one(rec, data, kind, modelled, ps.EngineState(modelled), SpecConfig())
-        s1, _ = ps.run_one(rec, data, kind, timed, ps.EngineState(timed), SpecConfig())
+        s0, _ = ps.run_one(rec, data, kind, modelled, ps.new_state(modelled), SpecConfig())
+        s1, _ = ps.run_one(rec, data, kind, timed, ps.new_state(timed), SpecConfig())
         assert s0.decode_seconds < 1e-6 < s1.decode_seconds, kind
     assert ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
 
@@ -369,7 +369,7 @@ def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
             out = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n, speculator=sp, stats=real)
                    for t in st.tokens]
             assert out == plain
-            rep, _ = ps.run_one(data["prompts"][0], data, kind, ps.Curve(verify=dict(FLAT), draft=0.001), ps.EngineState(
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, ps.Curve(verify=dict(FLAT), draft=0.001), ps.new_state(
                 ps.Curve(verify=dict(FLAT), draft=0.001)), spec)
             assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
             assert rep.n_drafted > 0
@@ -406,7 +406,7 @@ def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny
                 out += st.tokens
             assert out == plain
             curve = ps.Curve(verify=dict(FLAT), draft=0.001)
-            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, ps.EngineState(curve), spec)
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, ps.new_state(curve), spec)
             assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
             assert rep.source_counts == real.source_counts and rep.source_counts.get("suffix"), kind
             trees += real.n_drafted

@@ -264,7 +264,7 @@ def test_distribution_identity_through_the_engine(tiny, models, drafter, setting
         for i in range(N_SEQ):
             # the lookup's acceptance estimate starts from its prior each time: learnt across 20,000 generations of a
             # random model it would stop drafting, and the accept/reject paths would go untested
-            eng.run_estimator = MatchLengthEstimator()
+            eng.learning.run_estimator = MatchLengthEstimator()
             r = eng.generate(tokens=prompt, sampling=replace(sp0, seed=i), max_tokens=SEQ_LEN)
             seqs.append(tuple(r.token_ids[:SEQ_LEN]))
             drafted += r.stats.n_drafted
