@@ -1,5 +1,5 @@
 """The learning state (edgespec.learning.LearningState): what an engine carries from one generation to the next, one
-object that the engine and the replay (scripts/predict_speedup.py) both drive, so that the replay cannot drift.
+object that the engine and the replay (research/predict_speedup.py) both drive, so that the replay cannot drift.
 
 * Its methods: a new calibration starts the costs, the gate and the guards over and keeps the estimates and the memory;
   a generation's speculator is built on the state (guarded when adaptive); its end hands back the draft's cost and gate.
