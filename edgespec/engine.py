@@ -43,7 +43,7 @@ from .policy import RateGuard
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
-from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, drafter_kind, resolve_drafter
+from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
 from .speculators import KINDS, draft_gate_open, guarded, make_speculator, model_draft_used, tree_paths_for
@@ -140,7 +140,7 @@ class Engine:
             raise ConfigError("memory must be a path, got an empty string")
         if not isinstance(calibrate_costs, bool):
             raise ConfigError("calibrate_costs must be True or False")
-        choice = drafter if drafter == AUTO else drafter_kind(drafter)
+        choice = drafter if drafter == AUTO else parse_drafter(drafter)
         tspec = _as_spec(target)
         tinfo = inspect_gguf(tspec.path)
         dspec = dinfo = None
@@ -390,9 +390,7 @@ class Engine:
         yields the middle. Drafting looks up the suffix and the extra chunks too: they are part of the prompt. The
         same as start(GenerationRequest(infill=InfillPrompt(prefix, suffix, extra, prompt), ...))."""
         self._live()
-        if isinstance(extra, (str, bytes)) or not isinstance(extra, Sequence):
-            raise ConfigError("extra must be a list of chunks")
-        return self.start(GenerationRequest(infill=InfillPrompt(prefix, suffix, tuple(extra), prompt), max_tokens=max_tokens, **kwargs))
+        return self.start(GenerationRequest(infill=InfillPrompt(prefix, suffix, extra, prompt), max_tokens=max_tokens, **kwargs))
 
     def infill(self, prefix: str, suffix: str = "", **kwargs: Any) -> Result:
         """infill_stream(), waited for: the middle's text, token ids, stats and finish reason."""
@@ -506,7 +504,7 @@ class Engine:
         """The drafter kind for one request: the engine's, or another this engine can run."""
         if drafter is None:
             return self.drafter_kind
-        kind = drafter_kind(drafter)
+        kind = parse_drafter(drafter)
         if kind.needs_draft_model and self.draft is None:
             raise ConfigError(f"drafter '{kind}' needs a draft model, and this engine has none")
         if kind.uses_tree and (self.memory is None or self.target.tree_paths < self.spec.tree_nodes):

@@ -63,7 +63,7 @@ AUTO = "auto"  # a drafter choice, not a kind: resolve_drafter turns it into one
 KIND_NAMES = tuple(k.value for k in DrafterKind)
 
 
-def drafter_kind(value: Any) -> DrafterKind:
+def parse_drafter(value: Any) -> DrafterKind:
     """A DrafterKind from its name (or itself); ConfigError naming the kinds for anything else ("auto" included:
     resolve_drafter takes that)."""
     if isinstance(value, DrafterKind):
@@ -86,7 +86,7 @@ def resolve_drafter(choice: Any, *, draft_model: bool, lookup_without_draft: boo
         if draft_model:
             return DrafterKind.MODEL_NGRAM
         return DrafterKind.NGRAM if lookup_without_draft else DrafterKind.NONE
-    kind = drafter_kind(choice)
+    kind = parse_drafter(choice)
     if kind.needs_draft_model and not draft_model:
         raise ConfigError(f"drafter '{kind}' needs a draft model")
     return kind
@@ -101,7 +101,7 @@ class InfillPrompt:
 
     prefix: str
     suffix: str = ""
-    extra: "tuple[ExtraChunk | tuple[str, str] | Mapping[str, Any] | str, ...]" = ()
+    extra: "Sequence[ExtraChunk | tuple[str, str] | Mapping[str, Any] | str]" = ()  # kept as a tuple
     prompt: str = ""
 
     def __post_init__(self) -> None:
@@ -185,11 +185,11 @@ class GenerationRequest:
         if not isinstance(self.speculative, bool):
             raise ConfigError("speculative must be True or False")
         if self.drafter is not None:
-            put("drafter", drafter_kind(self.drafter))
+            put("drafter", parse_drafter(self.drafter))
         if self.spec is not None and not isinstance(self.spec, SpecConfig):
             raise ConfigError("spec must be a SpecConfig")
         if self.on_prefill is not None and not callable(self.on_prefill):
             raise ConfigError("on_prefill must be callable")
 
 
-__all__ = ["AUTO", "DrafterKind", "GenerationRequest", "InfillPrompt", "KIND_NAMES", "drafter_kind", "resolve_drafter"]
+__all__ = ["AUTO", "DrafterKind", "GenerationRequest", "InfillPrompt", "KIND_NAMES", "parse_drafter", "resolve_drafter"]
