@@ -120,7 +120,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         click.echo(f"note: --no-draft wins over --drafter {drafter}: plain decoding with the target alone", err=True)
     if no_draft:
         drafter = DrafterKind.NONE
-    elif draft == "ngram":  # --draft ngram: the lookup, not a file
+    elif draft == DrafterKind.NGRAM:  # --draft ngram: the lookup, not a file
         drafter = DrafterKind.NGRAM
     elif drafter != DrafterKind.NGRAM:
         dpath = None
