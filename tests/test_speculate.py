@@ -264,7 +264,7 @@ def test_distribution_identity_through_the_engine(tiny, models, drafter, setting
         for i in range(N_SEQ):
             # the lookup's acceptance estimate starts from its prior each time: learnt across 20,000 generations of a
             # random model it would stop drafting, and the accept/reject paths would go untested
-            eng.run_estimator = MatchLengthEstimator()
+            eng.learning.run_estimator = MatchLengthEstimator()
             r = eng.generate(tokens=prompt, sampling=replace(sp0, seed=i), max_tokens=SEQ_LEN)
             seqs.append(tuple(r.token_ids[:SEQ_LEN]))
             drafted += r.stats.n_drafted
@@ -378,7 +378,7 @@ def test_max_tokens_and_eos(models, tmp_path):
     out = generate(models["target"], PROMPT, sp, np.random.default_rng(0), 7, model_speculator(models["draft"], sp, 5))
     assert len(out) == 7
     # a target whose hot set holds its end token: generation stops right after it, speculative as plain
-    from edgespec.tiny import token_id, write_tiny_model
+    from tiny import token_id, write_tiny_model
 
     im_end = 262
     hot = tuple(token_id(c) for c in "ab") + (im_end,)
