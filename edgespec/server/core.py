@@ -4,7 +4,8 @@ check the context, queue `Engine.stream`). The route modules (routes_openai, rou
 routes_responses) translate their wire format to a `schema.CompletionRequest` and a response writer
 (responses.GenerationResponse or a subclass) and call `generate`; this module imports none of them.
 
-The engine is called from here only (`prepare`): a change to `Engine.stream`'s keywords is a change in one place.
+Generations are queued from here only (`prepare` builds the request.GenerationRequest and calls Engine.start): a
+change to the request object is a change in one place.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.types import Send
 
 from ..constraint import ConstraintError
 from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from ..request import DrafterKind, GenerationRequest
 from . import schema, sse
 from .metrics import Metrics
 from .schema import APIError, CompletionRequest
@@ -275,23 +277,22 @@ def api_error(e: BaseException) -> APIError:
 
 
 # --------------------------------------------------------------------------------------------- the generate path
-def spec_kwargs(eng: Any, req: CompletionRequest) -> dict[str, Any]:
-    """Engine.stream keywords for the request's draft limit (none when it does not bind)."""
-    if req.draft_max is None or not req.speculative or eng.drafter_kind == "none":
-        return {}
+def request_spec(eng: Any, req: CompletionRequest) -> Any:
+    """The engine's SpecConfig lowered to the request's draft limit, or None (the engine's) when the limit does not bind."""
+    if req.draft_max is None or not req.speculative or eng.drafter_kind == DrafterKind.NONE:
+        return None
     base = eng.spec
     n = req.draft_max
     # n-gram lookups draft up to ngram_draft_max only under the adaptive controller (fixed K drafts draft_max)
-    ngram_binds = base.adaptive and "ngram" in eng.drafter_kind and n < base.ngram_draft_max
+    ngram_binds = base.adaptive and eng.drafter_kind in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM) and n < base.ngram_draft_max
     if n >= base.draft_max and not ngram_binds:
-        return {}
-    spec = replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
-    return {"spec": spec}
+        return None
+    return replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
 
 
 def prepare(state: ServerState, req: CompletionRequest) -> tuple[Any, list[int], int]:
     """In a worker thread (templates and tokenizers take time on long prompts): the prompt's tokens, the context
-    check, and the queued generation. The one call into Engine.stream of the whole server."""
+    check, and the queued generation: the server's one GenerationRequest and its one call to Engine.start."""
     eng = state.engine
     if req.infill is not None:
         fi = req.infill
@@ -319,10 +320,10 @@ def prepare(state: ServerState, req: CompletionRequest) -> tuple[Any, list[int],
         )
     max_tokens = req.max_tokens if req.max_tokens is not None else n_ctx - len(tokens)
     try:
-        gen = eng.stream(
+        gen = eng.start(GenerationRequest(
             tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative,
-            constraint=req.constraint, logprobs=req.logprobs, **spec_kwargs(eng, req),
-        )
+            constraint=req.constraint, logprobs=req.logprobs, spec=request_spec(eng, req),
+        ))
     except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
         raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
     return gen, tokens, max_tokens
@@ -375,4 +376,4 @@ async def generate(
 
 
 __all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "server_state", "model_stem", "read_json",
-           "read_body", "JSON", "error_response", "send_json", "api_error", "spec_kwargs", "prepare", "generate"]
+           "read_body", "JSON", "error_response", "send_json", "api_error", "request_spec", "prepare", "generate"]

@@ -29,6 +29,7 @@ from starlette.types import Send
 from .. import __version__
 from ..errors import ConfigError, EdgespecError, TemplateError
 from ..infill import ExtraChunk, indent_cut
+from ..request import DrafterKind
 from . import schema, sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
@@ -366,7 +367,7 @@ async def props(request: Request) -> Response:
 
     return JSON({
         "default_generation_settings": {
-            "id": 0, "id_task": -1, "n_ctx": t.n_ctx, "speculative": eng.drafter_kind != "none", "is_processing": False,
+            "id": 0, "id_task": -1, "n_ctx": t.n_ctx, "speculative": eng.drafter_kind != DrafterKind.NONE, "is_processing": False,
             "params": {"n_predict": -1, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": -1,
                        "repeat_penalty": 1.0, "repeat_last_n": 64, "speculative.n_max": eng.spec.draft_max},
         },
