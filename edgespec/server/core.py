@@ -212,7 +212,7 @@ def server_state(request: Request) -> ServerState:
 # --------------------------------------------------------------------------------------------- reading, sending
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The request's body as a JSON object: 415 without a JSON Content-Type, 413 past `limit` bytes, 400 for what
-    is not one JSON object (schema.parse_json; edgespec/untrusted.py bounds its nesting)."""
+    is not one JSON object (schema.parse_json, in a worker thread; edgespec/untrusted.py bounds its nesting)."""
     ctype = request.headers.get("content-type")
     media = (ctype or "").split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
@@ -230,7 +230,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
             parts.append(piece)
     except ClientDisconnect:
         raise APIError(400, "the client closed the connection while sending the request") from None
-    return schema.parse_json(b"".join(parts))
+    # in a worker thread: a body of many MiB takes a noticeable time to decode, and the loop serves other streams
+    return await anyio.to_thread.run_sync(schema.parse_json, b"".join(parts))
 
 
 async def read_body(request: Request) -> dict[str, Any]:
