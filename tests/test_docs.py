@@ -39,7 +39,8 @@ def test_the_desktop_app_example_runs(tmp_path):
 
 def test_the_module_map_names_every_module_and_only_modules():
     """docs/design.md's module map: every module and subpackage of edgespec/ has a row, and every row's first column
-    names files that exist (subpackages at their folder: their own modules are described in the row)."""
+    names files that exist (subpackages at their folder: their own modules are described in the row; the server's
+    modules each have a row of their own, `server/NAME.py`)."""
     import re
 
     text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
@@ -48,9 +49,10 @@ def test_the_module_map_names_every_module_and_only_modules():
     for line in table.splitlines():
         cells = line.split("|")
         if len(cells) > 2:
-            named |= set(re.findall(r"`([\w.]+(?:\.py|/))`", cells[1]))
+            named |= set(re.findall(r"`([\w./]+(?:\.py|/))`", cells[1]))
     pkg = ROOT / "edgespec"
     present = {p.name for p in pkg.glob("*.py") if not p.name.startswith("__")}
     present |= {p.name + "/" for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    present |= {"server/" + p.name for p in (pkg / "server").glob("*.py") if not p.name.startswith("__")}
     assert present - named == set(), f"modules missing from docs/design.md's map: {sorted(present - named)}"
     assert named - present == set(), f"docs/design.md's map names what is not there: {sorted(named - present)}"
