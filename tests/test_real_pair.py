@@ -56,9 +56,10 @@ def engine(real_pair):
 
     target, draft = real_pair
     # Fixed K: every cycle speculates, so the identity is tested on real verify batches (the adaptive controller
-    # could legitimately choose plain decoding on this CPU).
+    # could legitimately choose plain decoding on this CPU). A fixed K plans nothing, so no costs are measured.
     spec = SpecConfig(draft_max=4, adaptive=False)
-    with Engine.load(ModelSpec(target, n_ctx=1024), ModelSpec(draft, n_ctx=1024), drafter="model+ngram", spec=spec) as eng:
+    with Engine.load(ModelSpec(target, n_ctx=1024), ModelSpec(draft, n_ctx=1024), drafter="model+ngram", spec=spec,
+                     calibrate_costs=False) as eng:
         yield eng
 
 
