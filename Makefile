@@ -17,7 +17,7 @@ demo: pull
 	$(ES) generate "Write a Python function that reverses a singly linked list, with a short docstring." --temperature 0 --max-tokens 160
 
 lint: setup
-	$(PY) -m ruff check edgespec tests scripts
+	$(PY) -m ruff check edgespec tests scripts bench research docs/examples
 	$(PY) -m mypy
 
 test: lint

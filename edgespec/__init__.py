@@ -11,7 +11,7 @@ Errors meant for people are `EdgespecError` subclasses (edgespec.errors).
 
 __version__ = "0.2.0"
 
-from .config import ModelSpec, SamplingParams, SpecConfig  # noqa: E402
+from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig  # noqa: E402
 from .errors import (  # noqa: E402
     BackendError,
     ConfigError,
@@ -22,6 +22,7 @@ from .errors import (  # noqa: E402
     QueueFullError,
     TemplateError,
 )
+from .request import DrafterKind, GenerationRequest, InfillPrompt  # noqa: E402
 from .stats import GenerationStats  # noqa: E402
 
 _LAZY = {
@@ -53,7 +54,11 @@ __all__ = [
     "ConstraintError",
     "ModelSpec",
     "SamplingParams",
+    "DEFAULT_SAMPLING",
     "SpecConfig",
+    "GenerationRequest",
+    "InfillPrompt",
+    "DrafterKind",
     "GenerationStats",
     "EdgespecError",
     "ConfigError",

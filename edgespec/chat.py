@@ -35,10 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from .chat_template import clip_segments
-from .config import SamplingParams, check_stop
+from .config import DEFAULT_SAMPLING, SamplingParams, check_stop
 from .detok import complete_utf8
 from .errors import ConfigError, ContextFullError, EdgespecError
 from .fsutil import atomic_write_text, read_json_file
+from .request import GenerationRequest
 from .stats import GenerationStats, Totals
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,7 +180,7 @@ class ChatSession:
             raise ChatError("the system prompt must be text")
         self.engine = engine
         self.system = system or None
-        self.sampling = sampling or SamplingParams()
+        self.sampling = sampling or DEFAULT_SAMPLING
         self.max_tokens = max_tokens
         try:
             self.stop = check_stop(stop)
@@ -271,10 +272,10 @@ class ChatSession:
         short = len(tokens) + self.reserve > self.n_ctx
         max_tokens = max(1, min(self.max_tokens, self.n_ctx - len(tokens)))
         try:
-            gen = self.engine.stream(
+            gen = self.engine.start(GenerationRequest(
                 tokens=tokens, sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, speculative=self.speculative,
                 constraint=constraint,
-            )
+            ))
         except ConfigError as e:
             raise ChatError(str(e)) from None
         if dropped:

@@ -24,7 +24,8 @@ DEFAULT_MAX_JSON_DEPTH = 100
 MAX_JSON_DEPTH_CEILING = 500
 
 
-def _int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
+def check_int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """v as an int in [lo, hi] (either end open when None), else a ConfigError naming `name`."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise ConfigError(f"{name} must be an integer, got {v!r}")
     v = int(v)
@@ -62,11 +63,11 @@ class ModelSpec:
         if not isinstance(self.path, (str, os.PathLike)):
             raise ConfigError(f"a model path must be a string or path, got {type(self.path).__name__}")
         object.__setattr__(self, "path", os.fspath(self.path))
-        _int("n_ctx", self.n_ctx, 8, MAX_CTX)
-        _int("n_batch", self.n_batch, 1, MAX_CTX)
+        check_int("n_ctx", self.n_ctx, 8, MAX_CTX)
+        check_int("n_batch", self.n_batch, 1, MAX_CTX)
         if self.n_threads is not None:
-            _int("n_threads", self.n_threads, 1, 1024)
-        _int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
+            check_int("n_threads", self.n_threads, 1, 1024)
+        check_int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
 
 
 # the penalties' bound: far past any useful value, and small enough that penalised float32 logits stay finite
@@ -76,7 +77,9 @@ MAX_PENALTY = 1e6
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. The same settings define the target distribution p on the plain path and
-    in speculative verification, so both sample from the same distribution.
+    in speculative verification, so both sample from the same distribution. Each filter is off unless set: what is
+    used when no sampling is given at all is DEFAULT_SAMPLING (llama.cpp's defaults: temperature 0.8, top_k 40,
+    top_p 0.95, min_p 0.05); `dataclasses.replace(DEFAULT_SAMPLING, temperature=0.6)` changes one of them.
 
     temperature: 0 = greedy (argmax; ties go to the lowest token id).
     top_k: keep the k most likely tokens (0 = off).
@@ -113,16 +116,16 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not (abs(_real(name, getattr(self, name))) <= MAX_PENALTY):
                 raise ConfigError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name)}")
-        _int("top_k", self.top_k, 0)
+        check_int("top_k", self.top_k, 0)
         if not (0.0 < _real("top_p", self.top_p) <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= _real("min_p", self.min_p) < 1.0):
             raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
         if not (1.0 / MAX_PENALTY <= _real("repeat_penalty", self.repeat_penalty) <= MAX_PENALTY):
             raise ConfigError(f"repeat_penalty must be in [{1 / MAX_PENALTY:g}, {MAX_PENALTY:g}], got {self.repeat_penalty}")
-        _int("repeat_last_n", self.repeat_last_n, 0)
+        check_int("repeat_last_n", self.repeat_last_n, 0)
         if self.seed is not None:
-            _int("seed", self.seed, 0, MAX_SEED)
+            check_int("seed", self.seed, 0, MAX_SEED)
 
     @property
     def greedy(self) -> bool:
@@ -134,6 +137,15 @@ class SamplingParams:
         return self.repeat_last_n > 0 and (
             self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+
+
+# The default sampling of the library (Engine.stream/generate, ChatSession without `sampling`) and of the CLI (its
+# --temperature/--top-k/--top-p/--min-p defaults): llama.cpp's own defaults (common_params_sampling, llama-cli,
+# llama-server, llama-cpp-python's Llama.__call__), because what people compare edgespec with on a laptop are those
+# tools, and the same prompt should then sample from the same distribution. A SamplingParams built by hand is exactly
+# what it says (each filter off unless set); the server fixes its own defaults where the OpenAI API does
+# (temperature 1.0, top_p 1.0, no top_k/min_p: docs/server.md).
+DEFAULT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
 @dataclass(frozen=True)
@@ -172,20 +184,20 @@ class SpecConfig:
     draft_siblings: int = 4
 
     def __post_init__(self) -> None:
-        _int("draft_max", self.draft_max, 0, 64)
-        _int("ngram_draft_max", self.ngram_draft_max, 1, 64)
-        _int("draft_min", self.draft_min, 1)
+        check_int("draft_max", self.draft_max, 0, 64)
+        check_int("ngram_draft_max", self.ngram_draft_max, 1, 64)
+        check_int("draft_min", self.draft_min, 1)
         if self.draft_max and self.draft_min > self.draft_max:
             raise ConfigError(f"draft_min must be in [1, draft_max], got {self.draft_min}")
         if not isinstance(self.adaptive, bool):
             raise ConfigError("adaptive must be True or False")
         if self.draft_temperature is not None and not (_real("draft_temperature", self.draft_temperature) >= 0):
             raise ConfigError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
-        _int("ngram_n_min", self.ngram_n_min, 1, 64)
-        _int("tree_nodes", self.tree_nodes, 1, 64)
-        _int("tree_width", self.tree_width, 1, 8)
-        _int("draft_siblings", self.draft_siblings, 0, 63)
-        _int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
+        check_int("ngram_n_min", self.ngram_n_min, 1, 64)
+        check_int("tree_nodes", self.tree_nodes, 1, 64)
+        check_int("tree_width", self.tree_width, 1, 8)
+        check_int("draft_siblings", self.draft_siblings, 0, 63)
+        check_int("ngram_n_max", self.ngram_n_max, self.ngram_n_min, 64)
 
 
 def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
@@ -235,5 +247,5 @@ def check_stop(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "SpecConfig", "check_stop", "check_tree_fits",
-           "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV"]
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "SpecConfig", "check_int", "check_stop",
+           "check_tree_fits", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV"]

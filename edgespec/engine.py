@@ -18,10 +18,10 @@ Plain decoding (no draft) goes through the same loop and the same sampling code 
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import weakref
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
@@ -30,21 +30,22 @@ import numpy as np
 from . import calibration as cal
 from . import chat_template
 from .backend import Model, default_threads
-from .config import ModelSpec, SamplingParams, SpecConfig, check_stop, check_tree_fits
+from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
+from .config import check_int as _check_int
 from .constraint import Constraint, Matcher
 from .structured import Tool, constraint_from_response_format, prompt_messages
-from .costs import CostModel, VerifyCurve
+from .costs import VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
 from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
-from .estimators import AcceptanceEstimator, MatchLengthEstimator
-from .policy import RateGuard
+from .learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
+from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from .sampling import PositionalUniforms
 from .speculate import Step, speculate
-from .speculators import KINDS, MODEL_KINDS, TREE_KINDS, draft_gate_open, guarded, make_speculator, model_draft_used, tree_paths_for
+from .speculators import KINDS, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
@@ -56,14 +57,6 @@ DRAFTER_KINDS = KINDS
 
 
 # --------------------------------------------------------------------------------------------- checks
-def _check_int(name: str, v: Any, lo: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise ConfigError(f"{name} must be an integer, got {v!r}")
-    if lo is not None and v < lo:
-        raise ConfigError(f"{name} must be at least {lo}, got {v}")
-    return int(v)
-
-
 def _as_spec(m: ModelSpec | str | os.PathLike[str]) -> ModelSpec:
     if isinstance(m, ModelSpec):
         return m
@@ -81,19 +74,14 @@ class Engine:
         target: Model,
         draft: Model | None = None,
         *,
-        drafter: str = "auto",
+        drafter: DrafterKind | str = AUTO,
         spec: SpecConfig | None = None,
         calibration: cal.Calibration | None = None,
         max_queue: int | None = None,
         memory: SuffixIndex | None = None,
         memory_path: str | os.PathLike[str] | None = None,
     ) -> None:
-        if drafter == "auto":
-            drafter = "model+ngram" if draft is not None else "none"
-        if drafter not in DRAFTER_KINDS:
-            raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
-        if drafter in MODEL_KINDS and draft is None:
-            raise ConfigError(f"drafter {drafter!r} needs a draft model")
+        kind = resolve_drafter(drafter, draft_model=draft is not None)
         if max_queue is not None:
             _check_int("max_queue", max_queue, 1)
         if memory is not None and not isinstance(memory, SuffixIndex):
@@ -103,20 +91,21 @@ class Engine:
         self.target = target
         self.draft = draft
         self.spec = spec or SpecConfig()
-        self.drafter_kind = drafter
+        self.drafter_kind = kind
+        if kind.uses_tree and target.tree_paths < self.spec.tree_nodes:
+            raise ConfigError(f"drafter '{kind}' needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
+        # what the engine learns across generations (learning.LearningState: costs, gate, estimators, guards), with the
+        # suffix drafter's memory of everything seen (saved to memory_path when the engine closes)
+        if memory is None and kind.uses_tree:
+            memory = SuffixIndex(vocab=vocab_fingerprint(target))
+        self.learning = LearningState.from_costs({1: 1.0}, memory=memory)
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
-        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, learnt across generations
-        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise (any draft_max)
         self._entropy = np.random.SeedSequence()
         self._specials: list[str] | None = None
         self._max_token_bytes: int | None = None
         self._fim: FimTokens | None = None
         self._closed = False
-        if drafter in TREE_KINDS and target.tree_paths < self.spec.tree_nodes:
-            raise ConfigError(f"drafter {drafter!r} needs the target loaded with tree_paths >= {self.spec.tree_nodes}")
-        # the suffix drafter's memory of everything seen (saved to memory_path when the engine closes)
-        self.memory = memory if memory is not None else (SuffixIndex(vocab=vocab_fingerprint(target)) if drafter in TREE_KINDS else None)
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         self._worker = Worker(max_queue)
         models = [m for m in (target, draft) if m is not None]
@@ -128,7 +117,7 @@ class Engine:
         target: ModelSpec | str | os.PathLike[str],
         draft: ModelSpec | str | os.PathLike[str] | None = None,
         *,
-        drafter: str = "auto",
+        drafter: DrafterKind | str = AUTO,
         spec: SpecConfig | None = None,
         calibrate_costs: bool = True,
         prompt_cache_mb: float = 256,
@@ -151,15 +140,16 @@ class Engine:
             raise ConfigError("memory must be a path, got an empty string")
         if not isinstance(calibrate_costs, bool):
             raise ConfigError("calibrate_costs must be True or False")
+        choice = drafter if drafter == AUTO else parse_drafter(drafter)
         tspec = _as_spec(target)
         tinfo = inspect_gguf(tspec.path)
         dspec = dinfo = None
-        if draft is not None and drafter not in ("ngram", "none"):
+        if draft is not None and choice not in (DrafterKind.NGRAM, DrafterKind.NONE):
             dspec = _as_spec(draft)
             dinfo = inspect_gguf(dspec.path)
             require_compatible(tinfo, dinfo)
         cache_bytes = int(prompt_cache_mb * 2**20)
-        kind = drafter if drafter != "auto" else ("model+ngram" if dspec is not None else "none")
+        kind = resolve_drafter(choice, draft_model=dspec is not None)  # before any weights load
         # tree sequences: the suffix drafters' trees, or a draft model's siblings (draft-model trees)
         paths = tree_paths_for(kind, spec or SpecConfig(), dspec is not None, min(tspec.n_batch, tspec.n_ctx))
         if paths:
@@ -170,7 +160,7 @@ class Engine:
             if dspec is not None:
                 d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
             index, where = None, None
-            if kind in TREE_KINDS and memory:
+            if kind.uses_tree and memory:
                 vocab = vocab_fingerprint(t)
                 where = suffix_default_path(vocab) if memory is True else Path(os.fspath(memory))
                 if memory is not True and os.path.lexists(where) and not where.is_file():
@@ -178,7 +168,7 @@ class Engine:
                 index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet (a warning if bad)
                 if memory is True:
                     clear_odd_file(where)  # the cache's own path held a FIFO, a loop, an empty folder: rebuilt at close
-            eng = cls(t, d, drafter=drafter, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
+            eng = cls(t, d, drafter=kind, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()
             if d is not None:
@@ -198,12 +188,29 @@ class Engine:
     def set_calibration(self, calibration: cal.Calibration) -> None:
         """Plan with these measured costs from now on (the live curve starts over from them)."""
         self.calibration = calibration
-        self.curve = _curve(calibration)
-        self.draft_cost = calibration.draft
-        self.draft_gate_open = False  # the draft model's hardware gate at the end of the last generation (its hysteresis)
-        # the live check that speculation delivers here (policy.RateGuard), one per drafter kind (what one drafter
-        # delivers says nothing of another's), kept across generations like the estimates
-        self.rate_guards: dict[str, RateGuard] = {}
+        # live (every generation refines it, a level shift rescales it) for measured costs; frozen for costs the caller
+        # fixed (source "fixed": they are what it plans with, whatever the clock says)
+        self.learning.set_costs(calibration.verify, calibration.draft, frozen=calibration.source == "fixed")
+
+    @property
+    def memory(self) -> SuffixIndex | None:
+        """The suffix drafters' memory of everything seen (None without a suffix drafter)."""
+        return self.learning.memory
+
+    @property
+    def curve(self) -> VerifyCurve:
+        """The target's live verify curve."""
+        return self.learning.curve
+
+    @property
+    def draft_cost(self) -> float:
+        """The draft's seconds per token, as learnt so far."""
+        return self.learning.draft_cost
+
+    @property
+    def draft_gate_open(self) -> bool:
+        """The draft model's hardware gate at the end of the last generation (its hysteresis spans generations)."""
+        return self.learning.draft_gate_open
 
     def close(self) -> None:
         """Stop the worker (a running generation is cancelled, queued ones never start) and free the models."""
@@ -397,10 +404,10 @@ class Engine:
         **kwargs: Any,
     ) -> Generation:
         """Queue the generation of the code between `prefix` and `suffix` (the keywords of stream()); the handle
-        yields the middle. Drafting looks up the suffix and the extra chunks too: they are part of the prompt."""
-        max_tokens = _check_int("max_tokens", max_tokens, 1)
-        toks = self.infill_tokens(prefix, suffix, extra=extra, prompt=prompt, reserve=min(max_tokens, self.target.n_ctx // 2))
-        return self.stream(tokens=toks, max_tokens=max_tokens, **kwargs)
+        yields the middle. Drafting looks up the suffix and the extra chunks too: they are part of the prompt. The
+        same as start(GenerationRequest(infill=InfillPrompt(prefix, suffix, extra, prompt), ...))."""
+        self._live()
+        return self.start(GenerationRequest(infill=InfillPrompt(prefix, suffix, extra, prompt), max_tokens=max_tokens, **kwargs))
 
     def infill(self, prefix: str, suffix: str = "", **kwargs: Any) -> Result:
         """infill_stream(), waited for: the middle's text, token ids, stats and finish reason."""
@@ -413,8 +420,7 @@ class Engine:
         "model+ngram" then runs the lookup alone."""
         if self.draft is None:
             return False
-        cost = CostModel(self.curve, c_draft=self.draft_cost)
-        return model_draft_used(drafter or self.drafter_kind, self.spec, cost, self.draft_gate_open)
+        return self.learning.model_draft_used(drafter or self.drafter_kind, self.spec)
 
     def stream(
         self,
@@ -426,16 +432,17 @@ class Engine:
         max_tokens: int = 512,
         stop: str | Sequence[str] | None = (),
         speculative: bool = True,
-        drafter: str | None = None,
+        drafter: DrafterKind | str | None = None,
         spec: SpecConfig | None = None,
         on_prefill: Callable[[int, int], None] | None = None,
         constraint: Constraint | Mapping[str, Any] | None = None,
         logprobs: int | None = None,
     ) -> Generation:
-        """Queue a generation and return its handle at once (see Generation). Exactly one of prompt, messages or
-        tokens. speculative=False decodes plainly; drafter picks another drafter kind for this request (one this
-        engine can run) and spec other speculation settings (e.g. a lower draft_max). on_prefill(done, total) is
-        called from the engine's thread after each prefill chunk.
+        """Queue a generation and return its handle at once (see Generation): start() with the GenerationRequest
+        these keywords describe. Exactly one of prompt, messages or tokens. sampling: SamplingParams (default
+        DEFAULT_SAMPLING, llama.cpp's defaults). speculative=False decodes plainly; drafter picks another drafter kind
+        for this request (one this engine can run) and spec other speculation settings (e.g. a lower draft_max).
+        on_prefill(done, total) is called from the engine's thread after each prefill chunk.
 
         constraint: what the output must look like (constraint.Constraint: a JSON schema, any JSON object, a regex, a
         choice, a grammar), or an OpenAI `response_format` object ({"type": "json_object"} / {"type": "json_schema",
@@ -448,55 +455,53 @@ class Engine:
         carries `logprobs` (speculate.TokenLogprob per token: the target's log-probability of the token under the
         distribution it was sampled from, the same whether the token came from a draft)."""
         self._live()
-        if sum(x is not None for x in (prompt, messages, tokens)) != 1:
-            raise ConfigError("give exactly one of prompt, messages or tokens")
-        sampling = sampling if sampling is not None else SamplingParams()
-        if not isinstance(sampling, SamplingParams):
-            raise ConfigError("sampling must be a SamplingParams")
-        max_tokens = _check_int("max_tokens", max_tokens, 0)  # 0: evaluate the prompt into the cache, generate nothing
-        stops = check_stop(stop)
-        if not isinstance(speculative, bool):
-            raise ConfigError("speculative must be True or False")
-        kind = self._check_drafter(drafter) if speculative else "none"
-        if spec is not None and not isinstance(spec, SpecConfig):
-            raise ConfigError("spec must be a SpecConfig")
-        if spec is not None and kind in TREE_KINDS and spec.tree_nodes > self.target.tree_paths:
+        return self.start(GenerationRequest(
+            prompt=prompt, messages=messages, tokens=tokens, sampling=sampling if sampling is not None else DEFAULT_SAMPLING,
+            max_tokens=max_tokens, stop=stop, speculative=speculative, drafter=drafter, spec=spec,
+            on_prefill=on_prefill, constraint=constraint, logprobs=logprobs,
+        ))
+
+    def start(self, request: GenerationRequest) -> Generation:
+        """Queue the generation a GenerationRequest describes and return its handle at once (see Generation).
+        What needs this engine is checked here, before anything is queued: the prompt's tokens (they fit the
+        vocabulary), a drafter this engine can run, the constraint against its vocabulary (ConstraintError)."""
+        self._live()
+        if not isinstance(request, GenerationRequest):
+            raise ConfigError(f"start takes a GenerationRequest, got {type(request).__name__}")
+        kind = self._check_drafter(request.drafter) if request.speculative else DrafterKind.NONE
+        spec = request.spec
+        if spec is not None and kind.uses_tree and spec.tree_nodes > self.target.tree_paths:
             raise ConfigError(f"tree_nodes {spec.tree_nodes} exceeds what this engine was loaded for ({self.target.tree_paths})")
-        if on_prefill is not None and not callable(on_prefill):
-            raise ConfigError("on_prefill must be callable")
-        if tokens is not None:
-            if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-                raise ConfigError("tokens must be a list of token ids")
-            ctx = [_check_int("a token id", t, 0) for t in tokens]
-            if not ctx:
-                raise ConfigError("tokens is empty")
-            if max(ctx) >= self.target.n_vocab:
-                raise ConfigError(f"token id {max(ctx)} is outside the vocabulary (size {self.target.n_vocab})")
-        else:
-            ctx = self.prompt_tokens(prompt, messages=messages)
-        if logprobs is not None:
-            logprobs = _check_int("logprobs", logprobs, 0)
-            if logprobs > 20:
-                raise ConfigError(f"logprobs must be in [0, 20], got {logprobs}")
-        matcher = self.matcher(constraint) if constraint is not None else None
-        if sampling.infill:
+        ctx = self._request_tokens(request)
+        matcher = self.matcher(request.constraint) if request.constraint is not None else None
+        if request.sampling.infill:
             if matcher is not None:  # its end-the-completion token may be one the grammar forbids
                 raise ConfigError("the infill sampler (SamplingParams.infill) cannot be combined with a constraint")
             try:
                 self.target.infill_vocab()  # built once per model, here rather than in the engine's thread
             except BackendError as e:
                 raise ConfigError(str(e)) from None
+        plan = _Plan(request, ctx, kind, spec or self.spec, matcher)
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        job = Job(
-            lambda j: self._run(
-                j, ctx, sampling, max_tokens, stops, kind, spec or self.spec, on_prefill, stats, ids, texts, matcher, speculative,
-                logprobs,
-            )
-        )
+        job = Job(lambda j: self._run(j, plan, stats, ids, texts))
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
+
+    def _request_tokens(self, request: GenerationRequest) -> list[int]:
+        """The context a request starts from: its tokens (inside the vocabulary), its prompt or messages tokenized,
+        or its infill prompt laid out (leaving max_tokens, at most half the context, free for the middle)."""
+        if request.tokens is not None:
+            ctx = list(request.tokens)
+            if max(ctx) >= self.target.n_vocab:
+                raise ConfigError(f"token id {max(ctx)} is outside the vocabulary (size {self.target.n_vocab})")
+            return ctx
+        if request.infill is not None:
+            fi = request.infill
+            reserve = min(request.max_tokens, self.target.n_ctx // 2)
+            return self.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
+        return self.prompt_tokens(request.prompt, messages=request.messages, tools=request.tools)
 
     def matcher(self, constraint: Constraint | Mapping[str, Any]) -> Matcher | None:
         """A fresh matcher for one generation (None for response_format {"type": "text"}); ConstraintError when the
@@ -511,17 +516,16 @@ class Engine:
             constraint = found
         return Matcher(constraint, self.target.constraint_vocab(), self.target.n_vocab)
 
-    def _check_drafter(self, drafter: str | None) -> str:
+    def _check_drafter(self, drafter: DrafterKind | str | None) -> DrafterKind:
         """The drafter kind for one request: the engine's, or another this engine can run."""
         if drafter is None:
             return self.drafter_kind
-        if drafter not in DRAFTER_KINDS:
-            raise ConfigError(f"drafter must be one of {', '.join(DRAFTER_KINDS)}, got {drafter!r}")
-        if drafter in MODEL_KINDS and self.draft is None:
-            raise ConfigError(f"drafter {drafter!r} needs a draft model, and this engine has none")
-        if drafter in TREE_KINDS and (self.memory is None or self.target.tree_paths < self.spec.tree_nodes):
-            raise ConfigError(f"drafter {drafter!r} needs an engine loaded with a suffix drafter")
-        return drafter
+        kind = parse_drafter(drafter)
+        if kind.needs_draft_model and self.draft is None:
+            raise ConfigError(f"drafter '{kind}' needs a draft model, and this engine has none")
+        if kind.uses_tree and (self.memory is None or self.target.tree_paths < self.spec.tree_nodes):
+            raise ConfigError(f"drafter '{kind}' needs an engine loaded with a suffix drafter")
+        return kind
 
     def astream(self, prompt: str | None = None, **kwargs: Any) -> Generation:
         """stream() for asyncio: `async for chunk in engine.astream(...)` (the same handle; iterating it does not
@@ -579,41 +583,23 @@ class Engine:
 
     # ----------------------------------------------------------------------------- the worker's side
 
-    def _run(
-        self,
-        job: Job,
-        ctx: list[int],
-        sampling: SamplingParams,
-        max_tokens: int,
-        stops: tuple[str, ...],
-        kind: str,
-        spec: SpecConfig,
-        on_prefill: Callable[[int, int], None] | None,
-        stats: GenerationStats,
-        ids: list[int],
-        texts: list[str],
-        matcher: Matcher | None = None,
-        forced_drafts: bool = True,
-        logprobs: int | None = None,
-    ) -> None:
+    def _run(self, job: Job, plan: "_Plan", stats: GenerationStats, ids: list[int], texts: list[str]) -> None:
+        """The worker's side of one generation: speculate over the plan, each step's text to the handle (ids, texts)."""
+        req, kind, spec, sampling = plan.request, plan.kind, plan.spec, plan.request.sampling
+        logprobs = req.logprobs
         stats.timings.queue = job.started_at - job.enqueued
         # A seed fixes the uniform of every position: the output is then plain decoding's, token for token, whatever
         # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
-        cost = CostModel(self.curve, c_draft=self.draft_cost)  # frozen with a frozen curve
-        speculator = make_speculator(
-            kind, spec, sampling, cost, self.draft, self.memory, self.run_estimator, draft_estimator=self.draft_estimator,
-            tree_paths=self.target.tree_paths, gate_open=self.draft_gate_open,
-        )
-        if spec.adaptive:  # a fixed draft length is always obeyed
-            speculator = guarded(speculator, self.rate_guards.setdefault(kind, RateGuard()), cost)
+        cost = self.learning.cost_model()  # frozen with a frozen curve
+        speculator = self.learning.speculator(kind, spec, sampling, cost, self.draft, tree_paths=self.target.tree_paths)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
-        detok = StreamingDetokenizer(self.target.token_bytes, stops)
+        detok = StreamingDetokenizer(self.target.token_bytes, req.stop or ())
         steps: Generator[Step, None, None] = speculate(
-            self.target, ctx, sampling, rng, max_tokens=max_tokens, speculator=speculator, stats=stats,
-            should_stop=job.cancel_event.is_set, on_prefill=on_prefill,
-            constraint=matcher, forced_drafts=forced_drafts, logprobs=logprobs,
+            self.target, plan.ctx, sampling, rng, max_tokens=req.max_tokens, speculator=speculator, stats=stats,
+            should_stop=job.cancel_event.is_set, on_prefill=req.on_prefill,
+            constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs,
         )
         decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in (self.target, self.draft) if m is not None}
         try:
@@ -631,8 +617,7 @@ class Engine:
             stats.n_generated = len(ids)
             if speculator is not None:
                 stats.controller = speculator.stats()
-            self.draft_cost = cost.c_draft
-            self.draft_gate_open = draft_gate_open(speculator, kind, spec, self.draft_gate_open)
+            self.learning.end_generation(speculator, kind, spec, cost)
             stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
@@ -666,6 +651,18 @@ class Engine:
         with job.lock:
             texts.append(chunk.text)
         job.push(chunk)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the worker runs for one request: the request, checked against this engine (Engine.start), with its
+    context tokens, drafter kind, speculation settings and constraint matcher."""
+
+    request: GenerationRequest
+    ctx: list[int]
+    kind: DrafterKind
+    spec: SpecConfig
+    matcher: Matcher | None
 
 
 def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
@@ -724,12 +721,6 @@ def _extra_chunk(c: Any, i: int) -> ExtraChunk:
     if not isinstance(out.text, str) or not isinstance(out.filename, str):
         raise ConfigError(f"{where}: text and filename must be strings")
     return out
-
-
-def _curve(calibration: cal.Calibration) -> VerifyCurve:
-    """The engine's verify curve: live (every generation refines it, a level shift rescales it) for measured
-    costs; frozen for costs the caller fixed (source "fixed": they are what it plans with, whatever the clock says)."""
-    return VerifyCurve(calibration.verify, frozen=calibration.source == "fixed")
 
 
 def vocab_fingerprint(model: Model) -> str:

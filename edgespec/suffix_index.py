@@ -43,7 +43,7 @@ suffix array, because it has to append cheaply, evict old documents and stay com
 Occurrence is monotone in n (an occurrence of the last n tokens contains one of the last m < n), so a lookup
 finds the longest level by binary search over LADDER (at most 4 probes), then does vectorised work on at most
 2 x max_occurrences occurrences (runs, continuations) and builds a trie of at most max_occurrences x max_depth
-nodes: none of it grows with the number of indexed tokens (`work` counts it; scripts/bench_suffix_index.py
+nodes: none of it grows with the number of indexed tokens (`work` counts it; bench/bench_suffix_index.py
 times it). A suffix automaton appends in O(1) but cannot evict without a rebuild and costs hundreds of bytes per
 state in Python; a suffix array gives every match length at once but must be rebuilt to append.
 

@@ -33,9 +33,9 @@ cd "$WORK"  # away from the checkout: the installed package must stand on its ow
 import edgespec.bench as b, edgespec.models as m
 assert m.load_manifests(), "no model manifests in the wheel"
 assert len(b.load_suites()) >= 5, "no bench suites in the wheel"
-from edgespec.tiny import write_tiny_set
-write_tiny_set("tiny")
 PY
+# a tiny model to run it on, written by the tests' fixture (numpy and gguf only: edgespec still comes from the wheel)
+PYTHONPATH="$ROOT/tests" "$V/python" -c 'from tiny import write_tiny_set; write_tiny_set("tiny")'
 "$V/edgespec" info tiny/tiny-target.gguf >/dev/null
 EDGESPEC_CACHE_DIR="$WORK/cache" "$V/edgespec" generate "abc" --raw --target tiny/tiny-target.gguf --draft ngram \
   --max-tokens 8 --ctx 256 --temperature 0 >/dev/null

@@ -15,15 +15,15 @@
 #              there: the machine has no network). cuBLAS is looked up in the CUDA toolkit, then in Python's nvidia
 #              wheels (nvidia/cu13). The wheel is kept in $WORK (a warm machine reuses it) and installed with the
 #              carried wheels into $WORK/site, which goes first on PYTHONPATH.
-#   2 synth    the synthetic Qwen2.5-Coder 1.5B and 0.5B (scripts/synth_model.py, spec in scripts/data): random
+#   2 synth    the synthetic Qwen2.5-Coder 1.5B and 0.5B (research/synth_model.py, spec in research/data): random
 #              weights written as F16 while the build runs, then quantized to Q4_K_M with the freshly built llama.cpp.
 #   3 tests    the tiny-model tests (tests/test_backend.py, test_speculate.py, test_engine.py by default, not real,
 #              not slow) with every model fully offloaded (a pytest plugin forces n_gpu_layers=-1): exactness on the
 #              CUDA kernels.
-#   4 curve    scripts/predict_speedup.py measure: the synthetic target's verify curve (1..64 tokens), the synthetic
+#   4 curve    research/predict_speedup.py measure: the synthetic target's verify curve (1..64 tokens), the synthetic
 #              draft's per-token cost and small-batch curve, and both again at context depths 256 and 640
 #              (depth_scale), full offload.
-#   5 predict  scripts/predict_speedup.py on that curve (and the flat example), recorded CPU traces of the real pair.
+#   5 predict  research/predict_speedup.py on that curve (and the flat example), recorded CPU traces of the real pair.
 #
 # Environment: OUT (results folder; default build/gpu-check-out), GPU_CHECK_WORK (default build/gpu-check),
 # GPU_CHECK_BUDGET (seconds for the whole run, default 540), GPU_CHECK_QUICK=1, GPU_CHECK_SIZES (default 1-64 on a
@@ -89,7 +89,7 @@ fi
 cat "$WORK/machine.txt" | tee -a "$LOG" >&2
 
 # ------------------------------------------------------------------------------------------- 2a. F16 in the background
-SPEC="$ROOT/scripts/data/qwen2.5-coder-pair.spec.json.xz"
+SPEC="$ROOT/research/data/qwen2.5-coder-pair.spec.json.xz"
 MODELS="$WORK/models"
 mkdir -p "$MODELS"
 F16_PIDS=()
@@ -98,24 +98,24 @@ if ! "$PY" -c "import gguf" >/dev/null 2>&1 && [ -d "$GGUF_PY" ]; then
   export GGUF_PY
   export PYTHONPATH="$GGUF_PY${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"  # edgespec from here; tests/tiny.py for QUICK
 export PYTHONUNBUFFERED=1
 S2=$(date +%s)
 if [ "$QUICK" = 1 ]; then
-  # tiny stand-ins: a spec read from edgespec.tiny's models, so the same spec -> F16 -> quantize path runs
+  # tiny stand-ins: a spec read from tests/tiny.py's models, so the same spec -> F16 -> quantize path runs
   SPEC="$WORK/tiny.spec.json.xz"
   "$PY" - "$WORK/tiny" >>"$LOG" 2>&1 <<'EOF'
 import sys
-from edgespec.tiny import write_tiny_model
+from tiny import write_tiny_model
 write_tiny_model(sys.argv[1] + "-target.gguf", seed=1, d_model=256, n_layers=2, d_ff=512, extra_tokens=200)
 write_tiny_model(sys.argv[1] + "-draft.gguf", seed=2, d_model=256, n_layers=1, d_ff=512, extra_tokens=200)
 EOF
-  "$PY" scripts/synth_model.py spec "$WORK/tiny-target.gguf" "$WORK/tiny-draft.gguf" --out "$SPEC" >>"$LOG" 2>&1
+  "$PY" research/synth_model.py spec "$WORK/tiny-target.gguf" "$WORK/tiny-draft.gguf" --out "$SPEC" >>"$LOG" 2>&1
 fi
 for role in target draft; do
   if [ ! -s "$MODELS/$role.gguf" ] || [ "$QUICK" = 1 ]; then
     rm -f "$MODELS/$role.gguf"
-    nice -n 5 "$PY" scripts/synth_model.py make --spec "$SPEC" --model "$role" --ftype F16 --out "$MODELS/$role-f16.gguf" \
+    nice -n 5 "$PY" research/synth_model.py make --spec "$SPEC" --model "$role" --ftype F16 --out "$MODELS/$role-f16.gguf" \
       >>"$WORK/synth-$role.log" 2>&1 &
     F16_PIDS+=($!)
   fi
@@ -236,7 +236,7 @@ STATUS=ok
 for pid in "${F16_PIDS[@]}"; do wait "$pid" || STATUS=failed; done
 for role in target draft; do
   if [ -s "$MODELS/$role-f16.gguf" ]; then
-    if timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) "$PY" scripts/synth_model.py quantize "$MODELS/$role-f16.gguf" "$MODELS/$role.gguf" \
+    if timeout $(( $(left) > 60 ? $(left) - 30 : 30 )) "$PY" research/synth_model.py quantize "$MODELS/$role-f16.gguf" "$MODELS/$role.gguf" \
         --spec "$SPEC" --model "$role" --json "$WORK/synth-$role.json" >>"$WORK/synth-$role.log" 2>&1; then
       rm -f "$MODELS/$role-f16.gguf"
     else
@@ -319,7 +319,7 @@ DEPTHS="${GPU_CHECK_DEPTHS:-256,640}"  # the curve again after that many cached 
 [ "$QUICK" = 1 ] && DEPTHS="${GPU_CHECK_DEPTHS:-64}"
 CURVE="$OUTDIR/curve.json"
 if [ -s "$MODELS/target.gguf" ] && [ -s "$MODELS/draft.gguf" ] && [ "$(left)" -gt 20 ]; then
-  timeout $(( $(left) - 15 )) "$PY" scripts/predict_speedup.py measure "$MODELS/target.gguf" "$MODELS/draft.gguf" \
+  timeout $(( $(left) - 15 )) "$PY" research/predict_speedup.py measure "$MODELS/target.gguf" "$MODELS/draft.gguf" \
     --n-gpu-layers "$NGL" --sizes "$SIZES" --rounds 3 --depths "$DEPTHS" --out "$CURVE" >>"$LOG" 2>&1 && STATUS=ok || STATUS=failed
 else
   STATUS=skipped
@@ -328,10 +328,10 @@ step curve "$STATUS" $(( $(date +%s) - S4 )) "$CURVE" "sizes $SIZES, depths 16,$
 
 # ------------------------------------------------------------------------------------------- 5. predict
 S5=$(date +%s)
-PRED_ARGS=(--curve "$ROOT/scripts/data/curve_gpu_flat.json")
+PRED_ARGS=(--curve "$ROOT/research/data/curve_gpu_flat.json")
 [ -s "$CURVE" ] && PRED_ARGS=(--curve "$CURVE" "${PRED_ARGS[@]}")
 [ "$QUICK" = 1 ] && PRED_ARGS+=(--suite code-completion)
-if "$PY" scripts/predict_speedup.py "${PRED_ARGS[@]}" --json "$WORK/predict.json" > "$WORK/predict.txt" 2>>"$LOG"; then
+if "$PY" research/predict_speedup.py "${PRED_ARGS[@]}" --json "$WORK/predict.json" > "$WORK/predict.txt" 2>>"$LOG"; then
   STATUS=ok
 else
   STATUS=failed

@@ -35,10 +35,10 @@ LIMIT_MIB="${BUNDLE_LIMIT_MIB:-48}"
 
 log() { printf '[bundle] %s\n' "$*" >&2; }
 
-find_sdist() {  # the sdist's root, downloaded and unpacked once (llamacpp_compare.py's cache, shared with it)
+find_sdist() {  # the sdist's root, downloaded and unpacked once (bench/llamacpp_compare.py's cache, shared with it)
   "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1])
 from llamacpp_compare import fetch_sources
-print(fetch_sources(Path(sys.argv[2]), sys.argv[3]).parent.parent)' "$ROOT/scripts" "$CACHE/llamacpp" "$VERSION" | tail -n 1
+print(fetch_sources(Path(sys.argv[2]), sys.argv[3]).parent.parent)' "$ROOT/bench" "$CACHE/llamacpp" "$VERSION" | tail -n 1
 }
 
 SRC="$(find_sdist)"

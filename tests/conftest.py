@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny real GGUF models written at test time (edgespec.tiny) and the real pair when cached."""
+"""Shared fixtures: tiny real GGUF models written at test time (tests/tiny.py) and the real pair when cached."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from edgespec.tiny import write_tiny_set
+    from tiny import write_tiny_set
 
     return write_tiny_set(tmp_path_factory.mktemp("tiny"))
 

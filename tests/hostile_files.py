@@ -1,6 +1,6 @@
 """Writers of hostile GGUF files for the validation tests (tests only).
 
-A tiny model from `edgespec.tiny.write_tiny_model` is read back into a `Doc` (metadata key/values and tensor
+A tiny model from `tiny.write_tiny_model` (tests/tiny.py) is read back into a `Doc` (metadata key/values and tensor
 infos, in file order), changed, and serialized again with its tensor data section rebuilt to fit the (possibly
 changed) tensor types and shapes. That makes any header value writable, including ones `gguf.GGUFWriter` refuses.
 
@@ -93,7 +93,7 @@ class Doc:
 def _tiny_doc(items: tuple[tuple[str, Any], ...]) -> Doc:
     import gguf
 
-    from edgespec.tiny import write_tiny_model
+    from tiny import write_tiny_model
 
     with tempfile.TemporaryDirectory() as d:
         r = gguf.GGUFReader(write_tiny_model(Path(d) / "tiny.gguf", **dict(items)))

@@ -9,7 +9,7 @@ import pytest
 from edgespec.backend import BackendError, ContextFullError, Model
 from edgespec.config import ModelSpec
 from edgespec.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
-from edgespec.tiny import CHATML_TEMPLATE
+from tiny import CHATML_TEMPLATE
 
 TOL = 1e-3
 
@@ -145,7 +145,7 @@ def test_missing_file(tmp_path):
 
 
 def test_unknown_architecture(tmp_path):
-    from edgespec.tiny import write_tiny_model
+    from tiny import write_tiny_model
 
     p = write_tiny_model(tmp_path / "weird.gguf", architecture="notanarch")
     with pytest.raises(ModelFileError, match="architecture 'notanarch'"):

@@ -1,4 +1,4 @@
-"""scripts/bench_infill.py's prompt builder (pure: no model): spans blanked out of a real installed package's
+"""bench/bench_infill.py's prompt builder (pure: no model): spans blanked out of a real installed package's
 functions, the same prompts every run, prefix + middle + suffix contiguous in the source file."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_infill import GROUPS, build_prompts, summarize  # noqa: E402
 

@@ -15,7 +15,7 @@ from edgespec.detok import complete_utf8
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 
 STATS = re.compile(r"^\[\d+ tokens · [\d.]+ tok/s .*prompt \d+ tok \(\d+ decoded in [\d.]+s.*\]$")
 HOT = set("abcdefgh ")

@@ -211,7 +211,7 @@ def test_settings_out_of_range_are_usage_errors(tiny):
 def test_nan_logits_are_one_line(tmp_path):
     import numpy as np
 
-    from edgespec.tiny import write_tiny_model
+    from tiny import write_tiny_model
 
     path = write_tiny_model(tmp_path / "nan.gguf", seed=1, bias=float("nan"))
     p = _proc(["generate", "hi", "--target", str(path), "--no-draft", "--max-tokens", "3", "--ctx", "256"])

@@ -34,7 +34,7 @@ from edgespec.sampling import warp
 from edgespec.speculate import _chain_masks, _tree_masks, speculate
 from edgespec.speculators import ModelSpeculator
 from edgespec.stats import GenerationStats
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 from edgespec.tree import TokenTree
 
 SMOKE_N = 5_000

@@ -35,3 +35,22 @@ def test_the_desktop_app_example_runs(tmp_path):
     decoded = int(third.split("of which ")[1].split()[0])
     prompt = int(third.split("prompt ")[1].split()[0])
     assert decoded < prompt / 2  # tab A came back: its cache was restored, only the new message decoded
+
+
+def test_the_module_map_names_every_module_and_only_modules():
+    """docs/design.md's module map: every module and subpackage of edgespec/ has a row, and every row's first column
+    names files that exist (subpackages at their folder: their own modules are described in the row)."""
+    import re
+
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for line in table.splitlines():
+        cells = line.split("|")
+        if len(cells) > 2:
+            named |= set(re.findall(r"`([\w.]+(?:\.py|/))`", cells[1]))
+    pkg = ROOT / "edgespec"
+    present = {p.name for p in pkg.glob("*.py") if not p.name.startswith("__")}
+    present |= {p.name + "/" for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert present - named == set(), f"modules missing from docs/design.md's map: {sorted(present - named)}"
+    assert named - present == set(), f"docs/design.md's map names what is not there: {sorted(named - present)}"

@@ -16,7 +16,7 @@ from edgespec.chat import ChatSession
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN
-from edgespec.tiny import SPECIAL_TOKENS, token_id, write_tiny_model
+from tiny import SPECIAL_TOKENS, token_id, write_tiny_model
 from test_policy_decision import DESKTOP, draft_cost_at
 
 GREEDY = SamplingParams(temperature=0)
@@ -534,7 +534,7 @@ def test_the_draft_models_gate_holds_open_from_one_generation_to_the_next(tiny, 
         assert not e.model_draft_used() and not e.draft_gate_open
         r = e.generate(PROMPTS[0], sampling=GREEDY, max_tokens=24)
         assert r.token_ids == reference[PROMPTS[0]] and not r.stats.controller and not e.draft_gate_open
-        e.draft_gate_open = True  # as after a generation in which the gate was open
+        e.learning.draft_gate_open = True  # as after a generation in which the gate was open
         assert e.model_draft_used()
         r = e.generate(PROMPTS[0], sampling=GREEDY, max_tokens=24)
         assert r.token_ids == reference[PROMPTS[0]]

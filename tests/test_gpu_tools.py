@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+RESEARCH = ROOT / "research"
+sys.path.insert(0, str(RESEARCH))
 
 import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
@@ -269,12 +269,12 @@ def test_rule_seconds_equal_the_replay_of_fixed_drafts_and_the_fitted_rule_is_bo
     cost = ps.Curve(verify=dict(verify), draft=0.3 * verify[1], overhead=0.01 * verify[1], depth_scale=table)
     fixed = SpecConfig(draft_max=8, adaptive=False, ngram_n_min=1)
     def replayed(kind: str | None) -> float:  # the replay's decode seconds over the prompts, unrounded
-        state = ps.EngineState(cost)
+        state = ps.new_state(cost)
         return sum(ps.run_one(rec, data, kind, cost, state, fixed)[0].decode_seconds for rec in data["prompts"])
 
     prompts = []
     for rec in data["prompts"]:
-        first = ps.run_one(rec, data, None, cost, ps.EngineState(cost), fixed)[1]
+        first = ps.run_one(rec, data, None, cost, ps.new_state(cost), fixed)[1]
         prompts.append((len(rec["prompt"]), first, ps.model_proposals(rec, data, 8), ps.ngram_proposals(rec, fixed, 8)))
     model = ps.rule_seconds(prompts, cost, K=8, theta=0.0, R=1 << 30, Kn=8)
     ngram = ps.rule_seconds(prompts, cost, K=0, theta=0.0, R=0, Kn=8)
@@ -306,10 +306,10 @@ def test_python_time_charges_the_replays_own_work():
     for kind in (None, "model+ngram"):
         modelled = ps.Curve(verify=dict(free), draft=1e-12)
         timed = ps.Curve(verify=dict(free), draft=1e-12, python_time=True)
-        s0, _ = ps.run_one(rec, data, kind, modelled, ps.EngineState(modelled), SpecConfig())
-        s1, _ = ps.run_one(rec, data, kind, timed, ps.EngineState(timed), SpecConfig())
+        s0, _ = ps.run_one(rec, data, kind, modelled, ps.new_state(modelled), SpecConfig())
+        s1, _ = ps.run_one(rec, data, kind, timed, ps.new_state(timed), SpecConfig())
         assert s0.decode_seconds < 1e-6 < s1.decode_seconds, kind
-    assert ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
+    assert ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json").describe()["python_time"] is False
 
 
 def test_curve_files(tmp_path):
@@ -329,7 +329,7 @@ def test_curve_files(tmp_path):
     bad.write_text(json.dumps({"verify": {"0": 1.0}}))
     with pytest.raises(ValueError):
         ps.load_curve(bad)
-    flat = ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json")
+    flat = ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json")
     assert flat.verify[64] == pytest.approx(1.1 * flat.verify[1], rel=1e-3)
 
 
@@ -369,7 +369,7 @@ def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
             out = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n, speculator=sp, stats=real)
                    for t in st.tokens]
             assert out == plain
-            rep, _ = ps.run_one(data["prompts"][0], data, kind, ps.Curve(verify=dict(FLAT), draft=0.001), ps.EngineState(
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, ps.Curve(verify=dict(FLAT), draft=0.001), ps.new_state(
                 ps.Curve(verify=dict(FLAT), draft=0.001)), spec)
             assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
             assert rep.n_drafted > 0
@@ -406,7 +406,7 @@ def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny
                 out += st.tokens
             assert out == plain
             curve = ps.Curve(verify=dict(FLAT), draft=0.001)
-            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, ps.EngineState(curve), spec)
+            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, ps.new_state(curve), spec)
             assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (real.n_cycles, real.n_drafted, real.n_accepted), kind
             assert rep.source_counts == real.source_counts and rep.source_counts.get("suffix"), kind
             trees += real.n_drafted
@@ -443,7 +443,7 @@ def test_the_replay_of_draft_model_trees_stays_below_the_tree_oracle(tiny):
 
 
 def test_committed_traces_file():
-    path = SCRIPTS / "data" / "traces.json.gz"
+    path = RESEARCH / "data" / "traces.json.gz"
     if not path.exists():
         pytest.skip("no recorded traces yet")
     assert path.stat().st_size < 2 * 2**20
@@ -453,7 +453,7 @@ def test_committed_traces_file():
         for t in range(len(rec["trace"])):
             toks, conf = rt.continuation(rec["segments"], t, data["draft_len"])
             assert toks and len(toks) == len(conf) and all(0 < c <= 1 for c in conf)
-    res = ps.predict(data, ps.load_curve(SCRIPTS / "data" / "curve_gpu_flat.json"), SpecConfig(), [data["prompts"][0]["suite"]])
+    res = ps.predict(data, ps.load_curve(RESEARCH / "data" / "curve_gpu_flat.json"), SpecConfig(), [data["prompts"][0]["suite"]])
     assert res["overall"]["model+ngram"]["speedup"] > 1.0
 
 
@@ -463,7 +463,7 @@ def test_synthetic_model_from_a_spec(tiny, tmp_path):
 
     from edgespec.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.tiny import write_tiny_model
+    from tiny import write_tiny_model
 
     real = write_tiny_model(tmp_path / "real.gguf", seed=3, d_model=256, n_layers=2, d_ff=512)
     spec_path = tmp_path / "spec.json.xz"
@@ -498,7 +498,7 @@ def test_committed_pair_spec_has_the_real_shapes():
 def test_gpu_check_quick_runs_end_to_end(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"), "GPU_CHECK_QUICK": "1",
            "GPU_CHECK_BUDGET": "300", "PYTHON": sys.executable}
-    r = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     st = {k: v["status"] for k, v in res["steps"].items()}

@@ -13,7 +13,7 @@ from edgespec import backend
 from edgespec.backend import Model, SpecialSplitter
 from edgespec.config import ModelSpec
 from edgespec.errors import EngineClosedError
-from edgespec.tiny import FIM_TOKENS, SPECIAL_TOKENS, write_tiny_model
+from tiny import FIM_TOKENS, SPECIAL_TOKENS, write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_a_conversation_saved_with_a_bigger_vocabulary_loads_with_a_note(tiny, t
 @pytest.fixture(scope="module")
 def fim_engine(tmp_path_factory):
     from edgespec.engine import Engine
-    from edgespec.tiny import write_tiny_fim_pair
+    from tiny import write_tiny_fim_pair
 
     files = write_tiny_fim_pair(tmp_path_factory.mktemp("fimpair"))
     with Engine.load(ModelSpec(str(files["target"]), n_ctx=512, n_threads=1), calibrate_costs=False, memory=False) as eng:

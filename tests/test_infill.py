@@ -13,7 +13,7 @@ from edgespec.engine import Engine
 from edgespec.errors import ConfigError
 from edgespec.infill import ExtraChunk, FimTokens, fim_layout
 from edgespec.ngram import NgramIndex
-from edgespec.tiny import FIM_TOKENS, MERGES, SPECIAL_TOKENS, write_tiny_fim_pair
+from tiny import FIM_TOKENS, MERGES, SPECIAL_TOKENS, write_tiny_fim_pair
 
 GREEDY = SamplingParams(temperature=0)
 FIM = FimTokens(prefix=1, suffix=2, middle=3, pad=4, repo=5, sep=6)

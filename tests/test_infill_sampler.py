@@ -29,7 +29,7 @@ from edgespec.sampling import PositionalUniforms, warp
 from edgespec.speculate import speculate
 from edgespec.speculators import LookupSpeculator, ModelSpeculator
 from edgespec.stats import GenerationStats
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 
 NEG_INF = float("-inf")
 

@@ -1,5 +1,5 @@
-"""The tools that compare edgespec's speed with llama.cpp's: scripts/llamacpp_compare.py (the parsing of the C++
-tools' summaries and the paired ratios, on hand-made runs) and scripts/plain_speed.py --paired (its layers decode
+"""The tools that compare edgespec's speed with llama.cpp's: bench/llamacpp_compare.py (the parsing of the C++
+tools' summaries and the paired ratios, on hand-made runs) and bench/plain_speed.py --paired (its layers decode
 the same tokens, on a tiny model). The comparisons themselves need the built tools and the real pair and take
 minutes: they are benchmarks, run by hand, see docs/benchmarks.md."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import llamacpp_compare as lc  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_best_speculative_tool_is_chosen_per_prompt_and_pass():
 
 
 def test_paired_steps_decode_the_same_tokens_in_every_layer(tiny):
-    """scripts/plain_speed.py --paired: the bare loop, the backend Model and a Model with tree sequences, stepped in
+    """bench/plain_speed.py --paired: the bare loop, the backend Model and a Model with tree sequences, stepped in
     turn, decode the same greedy continuation (so their per-token times compare like with like)."""
     import numpy as np
 

@@ -92,7 +92,7 @@ def test_the_draft_model_stays_off_where_drafts_cannot_pay(draft):
     assert isinstance(lookup, LookupSpeculator)
 
 
-# An x86-desktop-like curve (scripts/data/curves/x86_16core_cpu.json): at a draft cost near 0.6 of a target token
+# An x86-desktop-like curve (research/data/curves/x86_16core_cpu.json): at a draft cost near 0.6 of a target token
 # the gate's ceiling sits near its threshold.
 DESKTOP = {1: 1.0, 2: 1.12, 4: 1.35, 8: 1.95, 16: 3.3}
 

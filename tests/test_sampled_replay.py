@@ -1,5 +1,5 @@
-"""The sampled replay (issue 23, item 4): scripts/record_traces.py --sampled records a trajectory per prompt and both
-models' top distributions along it; scripts/predict_speedup.py --sampled replays sampling at T > 0 from them.
+"""The sampled replay (issue 23, item 4): research/record_traces.py --sampled records a trajectory per prompt and both
+models' top distributions along it; research/predict_speedup.py --sampled replays sampling at T > 0 from them.
 
 * The rows the replay rebuilds reproduce the recorded exact acceptance rate sum(min(p, q)) after the sampler's
   filters (synthetic recordings; a tiny llama.cpp pair recorded by the real recorder; the committed file).
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+RESEARCH = ROOT / "research"
+sys.path.insert(0, str(RESEARCH))
 
 import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
@@ -201,7 +201,7 @@ def test_committed_sampled_recording():
 
 
 def test_sampled_flag_refuses_a_greedy_recording(capsys):
-    code = ps.main(["--sampled", "--traces", str(SCRIPTS / "data" / "traces.json.gz"), "--curve", str(SCRIPTS / "data" / "curve_gpu_flat.json")])
+    code = ps.main(["--sampled", "--traces", str(RESEARCH / "data" / "traces.json.gz"), "--curve", str(RESEARCH / "data" / "curve_gpu_flat.json")])
     assert code == 2
     assert "not a sampled recording" in capsys.readouterr().err
 

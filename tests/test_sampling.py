@@ -1,6 +1,5 @@
-"""edgespec.sampling against brute-force references (full sorts, Python loops) and statistical checks.
-
-Statistical tests use fixed seeds, so they are deterministic; each names its sample size and threshold.
+"""edgespec.sampling against brute-force references (full sorts, Python loops), and the exact law of sample()
+(every inverse-CDF cell of its uniform probed, tests/exact.py; more in tests/test_exact_laws.py). No statistical tests.
 """
 
 from __future__ import annotations
@@ -11,12 +10,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from edgespec.config import SamplingParams
 from edgespec.sampling import apply_penalties, greedy, sample, top_k_indices, top_p_mask, warp
+from exact import cdf_cells, run_cell
 
-ALPHA = 1e-3  # significance level of every chi-square test in this file
 
 # ---------------------------------------------------------------------------------------------------------
 # Brute-force reference: the definition in the module docstring, written the slow obvious way.
@@ -72,14 +70,6 @@ def assert_same_distribution(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_array_equal(got > 0, want > 0)  # the exact kept set
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
     assert abs(got.sum() - 1.0) < 1e-12
-
-
-def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Pearson chi-square p-value of counts against probs; cells with probability 0 must be empty."""
-    support = probs > 0
-    assert counts[~support].sum() == 0, "drew a zero-probability token"
-    expected = probs[support] / probs[support].sum() * counts.sum()
-    return float(stats.chisquare(counts[support], expected).pvalue)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -314,21 +304,6 @@ def test_float64_and_integer_logits_are_accepted() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_sample_frequencies_match_probs(sparse: bool) -> None:
-    """N = 30,000 draws; Pearson chi-square p-value must exceed ALPHA = 1e-3 (fixed seed)."""
-    rng = np.random.default_rng(6)
-    V = 400 if sparse else 12
-    probs = np.zeros(V)
-    support = rng.choice(V, size=12, replace=False)
-    probs[support] = rng.dirichlet(np.ones(12))
-    probs[support[0]] = 0.0  # a zero inside the support region
-    probs /= probs.sum()
-    draws = np.array([sample(probs, rng) for _ in range(30_000)])
-    counts = np.bincount(draws, minlength=V)
-    assert chi_square_pvalue(counts, probs) > ALPHA
-
-
 def test_sample_uses_exactly_one_draw() -> None:
     probs = np.array([0.2, 0.0, 0.5, 0.3])
     a, b = np.random.default_rng(7), np.random.default_rng(7)
@@ -372,11 +347,17 @@ def test_sample_refuses_bad_rows() -> None:
 
 
 def test_warp_then_sample_matches_reference_distribution() -> None:
-    """End to end: N = 20,000 draws from warp(top_k=6, min_p) of a V=50 row; chi-square p-value > ALPHA."""
+    """End to end, exact: warp(top_k=6, min_p) of a V=50 row equals the reference, and sample() on it emits token t on
+    exactly its inverse-CDF cell of the uniform (tests/exact.py run_cell: the middle and both ends of every cell)."""
     rng = np.random.default_rng(8)
     logits = (rng.standard_normal(50) * 1.5).astype(np.float32)
     params = SamplingParams(temperature=0.9, top_k=6, min_p=0.1)
     want = ref_warp(logits, params)
     probs = warp(logits, params)
-    counts = np.bincount([sample(probs, rng) for _ in range(20_000)], minlength=50)
-    assert chi_square_pvalue(counts, want) > ALPHA
+    assert_same_distribution(probs, want)
+    law = np.zeros(50)
+    for t, lo, hi in cdf_cells(probs):
+        out, problems = run_cell(lambda g: sample(probs, g), [(lo, hi)])  # type: ignore[arg-type]
+        assert not problems and out == t
+        law[t] += hi - lo
+    np.testing.assert_allclose(law, want, rtol=1e-12, atol=1e-15)

@@ -15,8 +15,7 @@ import pytest
 
 from edgespec.server.guards import check_api_key
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_server import ServeProcess  # noqa: E402 - the server harness the benchmark uses too
+from serve_process import ServeProcess  # the server process harness (the benchmarks use it too)
 
 KEY = "clé-ü-🔑"
 

@@ -29,7 +29,7 @@ from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.server import Settings, create_app
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 
 FIXED_K = SpecConfig(draft_max=4, adaptive=False)  # every cycle drafts 4: cancellation is seen within 5 tokens
 CYCLE = FIXED_K.draft_max + 1  # the most tokens one cycle can add

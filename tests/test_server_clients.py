@@ -21,7 +21,7 @@ from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER
-from edgespec.tiny import token_id, write_tiny_fim_pair, write_tiny_model
+from tiny import token_id, write_tiny_fim_pair, write_tiny_model
 from test_server import ServerThread, chat, sse_events
 
 GREEDY = SamplingParams(temperature=0)

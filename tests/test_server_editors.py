@@ -24,7 +24,7 @@ from edgespec.server.responses import IGNORED_HEADER
 from edgespec.server.routes_llamacpp import pick_fields
 from edgespec.server.routes_ollama import OLLAMA_VERSION
 from edgespec.server.samplers import ChainError, apply_chain, parse_names
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 from editor_requests import VIM_RESPONSE_FIELDS, vim_fim, vim_inst, vim_warmup, vscode_fim, vscode_warmup
 from test_server import ServerThread, chat, sse_events
 from test_server_clients import _load
@@ -36,7 +36,7 @@ EXTRA = [{"filename": "util.py", "text": "def helper(x):\n    return x + 1\n"}]
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from edgespec.tiny import write_tiny_fim_pair
+    from tiny import write_tiny_fim_pair
 
     return write_tiny_fim_pair(tmp_path_factory.mktemp("fim"))
 

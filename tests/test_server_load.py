@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from bench_server import ServeProcess  # noqa: E402 - the server harness the benchmark uses too
+from serve_process import ServeProcess  # the server process harness (the benchmarks use it too)
 
 CLIENTS = 8
 PER_CLIENT = 5

@@ -239,7 +239,7 @@ def test_seeded_identity_through_the_engine(tiny, models, drafter, settings):
             sp = replace(sp0, seed=i)
             # the lookup's acceptance estimate starts from its prior each time (learnt across many generations of a
             # random model it would stop drafting, and the accept/reject paths would go untested)
-            eng.run_estimator = MatchLengthEstimator()
+            eng.learning.run_estimator = MatchLengthEstimator()
             r = eng.generate(tokens=prompt, sampling=sp, max_tokens=6)
             plain = eng.generate(tokens=prompt, sampling=sp, max_tokens=6, speculative=False)
             assert r.token_ids == plain.token_ids == reference_seeded(models["target"], prompt, sp, 6), f"seed {i}"
@@ -338,7 +338,7 @@ def test_max_tokens_and_eos(models, tmp_path):
     out = generate(models["target"], PROMPT, sp, np.random.default_rng(0), 7, model_speculator(models["draft"], sp, 5))
     assert len(out) == 7
     # a target whose hot set holds its end token: generation stops right after it, speculative as plain
-    from edgespec.tiny import token_id, write_tiny_model
+    from tiny import token_id, write_tiny_model
 
     im_end = 262
     hot = tuple(token_id(c) for c in "ab") + (im_end,)

@@ -14,7 +14,7 @@ import pytest
 from edgespec.config import ModelSpec, SpecConfig
 from edgespec.engine import Engine
 from edgespec.server import create_app
-from edgespec.tiny import token_id, write_tiny_model
+from tiny import token_id, write_tiny_model
 
 from test_server import ServerThread  # the uvicorn-in-a-thread harness
 

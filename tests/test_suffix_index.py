@@ -387,7 +387,7 @@ def test_lookup_work_does_not_grow_with_the_index() -> None:
     occurrences at the level found, continuations of max_depth tokens for them, a trie of at most
     max_occurrences x max_depth nodes; per appended token len(LADDER) hash writes (plus a merge into sorted arrays
     every TAIL tokens). The bounds hold at 10k and at 100k indexed tokens alike (time: see
-    scripts/bench_suffix_index.py)."""
+    bench/bench_suffix_index.py)."""
     C = SuffixIndex().max_occurrences
     for n in (10_000, 100_000):
         worst, writes = work_per_lookup(n)

@@ -3,7 +3,7 @@
 streaming into it, which the UI cancels when the user clicks Stop. No GUI toolkit is needed to run it: the UI
 thread is simulated by a queue of events, exactly where a Tk/Qt event loop would post them.
 
-    python docs/examples/desktop_app.py                       # tiny generated models (seconds)
+    python docs/examples/desktop_app.py                       # tiny generated models (seconds; from a checkout)
     python docs/examples/desktop_app.py TARGET.gguf DRAFT.gguf
 """
 
@@ -22,7 +22,10 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2:
         target, draft = ModelSpec(argv[0]), ModelSpec(argv[1])
     else:
-        from edgespec.tiny import write_tiny_set
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the checkout's test fixtures
+        from tiny import write_tiny_set
 
         files = write_tiny_set(tempfile.mkdtemp())
         # one thread: a tiny model's matrices are too small to share, and a second spinning thread only waits

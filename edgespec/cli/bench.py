@@ -17,7 +17,8 @@ from ..bench import (
     public_report,
     run_bench,
 )
-from ..config import SamplingParams
+from ..config import DEFAULT_SAMPLING, SamplingParams
+from ..request import DrafterKind
 from .common import load_engine, model_options
 
 
@@ -38,9 +39,9 @@ _SUITE_NAMES = _suite_names()
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help='JSONL file, one {"prompt": ...} or {"messages": [...]} per line (optional "suite", "name").')
 @click.option("--temperature", "--temp", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True)
-@click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=DEFAULT_SAMPLING.top_k, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=DEFAULT_SAMPLING.top_p, show_default=True)
+@click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_SAMPLING.min_p, show_default=True)
 @click.option("--max-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--seed", type=int, default=None, help="Sampling seed, the same for both sides (a seeded run plans with frozen calibrated costs).")
 @click.option("--repeats", "-r", type=click.IntRange(min=1), default=1, show_default=True, help="Runs per prompt and side.")
@@ -74,7 +75,7 @@ def bench(**kw: Any) -> None:
     cold_draft, warmup = kw.pop("cold_draft"), not kw.pop("no_warmup")
     progress = None if quiet else (lambda s: click.echo(s, err=True))
     with load_engine(kw, memory=False) as eng:  # nothing remembered from earlier runs (and nothing saved)
-        if eng.drafter_kind == "none":
+        if eng.drafter_kind is DrafterKind.NONE:
             raise click.UsageError("bench needs a drafter: give --draft FILE or --draft ngram")
         report = run_bench(eng, selected, sampling, max_tokens=max_tokens, repeats=repeats, warmup=warmup,
                            cold_draft=cold_draft, progress=progress)

@@ -15,9 +15,10 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from ..config import MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig
+from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig
 from ..errors import EdgespecError
 from ..fsutil import read_regular_bytes
+from ..request import AUTO, DrafterKind, GenerationRequest, resolve_drafter
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
@@ -32,7 +33,7 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram",
                      help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone (same sampling code)."),
-        click.option("--drafter", type=click.Choice(["auto", "model", "ngram", "suffix", "model+ngram", "model+suffix"]), default="auto",
+        click.option("--drafter", type=click.Choice([AUTO] + [k.value for k in DrafterKind if k is not DrafterKind.NONE]), default=AUTO,
                      show_default=True,
                      help="auto = model+ngram with a draft model (the lookup alone where the draft model cannot pay on this hardware); "
                           "with --target and no draft model, the lookup; plain decoding otherwise. suffix = token trees from a memory "
@@ -60,14 +61,16 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def sampling_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    d = DEFAULT_SAMPLING  # the library's default sampling too (llama.cpp's defaults; docs/api.md says why)
     opts = [
-        click.option("--temperature", "--temp", type=click.FloatRange(0, 1e6), default=0.8, show_default=True, help="0 = greedy."),
-        click.option("--top-k", type=click.IntRange(min=0), default=40, show_default=True, help="0 = off."),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=0.95, show_default=True),
-        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True),
-        click.option("--repeat-penalty", type=click.FloatRange(1e-6, 1e6), default=1.0, show_default=True),
-        click.option("--presence-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
-        click.option("--frequency-penalty", type=click.FloatRange(-1e6, 1e6), default=0.0, show_default=True),
+        click.option("--temperature", "--temp", type=click.FloatRange(0, 1e6), default=d.temperature, show_default=True,
+                     help="0 = greedy. The sampling defaults are llama.cpp's, the library's too (edgespec.DEFAULT_SAMPLING)."),
+        click.option("--top-k", type=click.IntRange(min=0), default=d.top_k, show_default=True, help="0 = off."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=d.top_p, show_default=True),
+        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=d.min_p, show_default=True),
+        click.option("--repeat-penalty", type=click.FloatRange(1e-6, 1e6), default=d.repeat_penalty, show_default=True),
+        click.option("--presence-penalty", type=click.FloatRange(-1e6, 1e6), default=d.presence_penalty, show_default=True),
+        click.option("--frequency-penalty", type=click.FloatRange(-1e6, 1e6), default=d.frequency_penalty, show_default=True),
         click.option("--seed", type=click.IntRange(-1, MAX_SEED), default=None, help="Random seed (default or -1: fresh each run)."),
     ]
     for o in reversed(opts):
@@ -89,12 +92,18 @@ def make_sampling(kw: dict[str, Any]) -> SamplingParams:
     )
 
 
+def make_request(kw: dict[str, Any], **prompt: Any) -> GenerationRequest:
+    """The generation request of a command: its prompt (prompt=, messages= or infill=), the sampling options and
+    --max-tokens/--stop (popped from kw). Checked now, before any model loads."""
+    sampling = make_sampling(kw)
+    return GenerationRequest(**prompt, sampling=sampling, max_tokens=kw.pop("max_tokens"), stop=kw.pop("stop"))
+
+
 def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     """Build an Engine from the model options (popped from kw)."""
     from ..engine import Engine
     from ..gguf_check import check_pair, inspect_gguf
     from ..models import resolve_model
-    from ..speculators import MODEL_KINDS, TREE_KINDS
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -107,13 +116,13 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     )
     tpath = resolve_model(target, "target")
     dspec = None
-    if no_draft and drafter != "auto":
+    if no_draft and drafter != AUTO:
         click.echo(f"note: --no-draft wins over --drafter {drafter}: plain decoding with the target alone", err=True)
     if no_draft:
-        drafter = "none"
-    elif draft == "ngram":
-        drafter = "ngram"
-    elif drafter != "ngram":
+        drafter = DrafterKind.NONE
+    elif draft == DrafterKind.NGRAM:  # --draft ngram: the lookup, not a file
+        drafter = DrafterKind.NGRAM
+    elif drafter != DrafterKind.NGRAM:
         dpath = None
         if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
             # An explicit --target without --draft: the default pair's draft if it is there and fits, else the
@@ -127,25 +136,24 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
             if dpath is not None and not check_pair(inspect_gguf(tpath), inspect_gguf(dpath)).ok:
                 click.echo(f"note: the default draft does not fit {os.path.basename(tpath)}; using the n-gram lookup", err=True)
                 dpath = None
-                drafter = "ngram" if drafter == "auto" else drafter
         else:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
             dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx)
-        elif drafter in MODEL_KINDS:
+        elif drafter != AUTO and DrafterKind(drafter).needs_draft_model:
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
-        elif drafter == "auto":
-            drafter = "ngram" if target is not None else "none"
+    # auto: model+ngram with a draft model; an explicit --target without one: the free n-gram lookup
+    kind = resolve_drafter(drafter, draft_model=dspec is not None, lookup_without_draft=target is not None)
     tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
-    if (corpus or no_memory) and drafter not in TREE_KINDS:
+    if (corpus or no_memory) and not kind.uses_tree:
         what = "--lookup-corpus" if corpus else "--no-memory"
         click.echo(f"note: {what} is ignored: only the suffix drafters use a memory (--drafter suffix or model+suffix); "
-                   f"this run uses {'plain decoding' if drafter == 'none' else 'the ' + drafter + ' drafter'}", err=True)
+                   f"this run uses {'plain decoding' if kind is DrafterKind.NONE else f'the {kind} drafter'}", err=True)
         corpus = ()
     engine_kw.setdefault("memory", not no_memory)
     with _sigint_deferred() as interrupted:  # a Ctrl-C in llama.cpp's log callback would be lost (ctypes drops it)
-        eng = Engine.load(tspec, dspec, drafter=drafter, spec=spec, **engine_kw)
+        eng = Engine.load(tspec, dspec, drafter=kind, spec=spec, **engine_kw)
     try:
         if interrupted:
             raise KeyboardInterrupt
@@ -272,6 +280,7 @@ __all__ = [
     "model_options",
     "sampling_options",
     "make_sampling",
+    "make_request",
     "load_engine",
     "read_stdin_text",
     "out",

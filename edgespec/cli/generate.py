@@ -9,7 +9,7 @@ import click
 
 from ..constraint import Constraint
 from ..fsutil import read_regular_bytes
-from .common import print_generation, load_engine, make_sampling, model_options, read_stdin_text, sampling_options
+from .common import print_generation, load_engine, make_request, model_options, read_stdin_text, sampling_options
 
 
 MAX_CONSTRAINT_FILE = 16 * 2**20  # a --json-schema or --grammar file (a real 5 MB schema fits)
@@ -45,18 +45,17 @@ def generate(prompt: str | None, **kw: Any) -> None:
     if not prompt.strip():
         raise click.UsageError("the prompt is empty")
     constraint = _constraint(kw)  # before loading: a bad schema costs no model load
-    sampling = make_sampling(kw)
-    chat, system, max_tokens = kw.pop("chat"), kw.pop("system"), kw.pop("max_tokens")
-    stop, as_json = kw.pop("stop"), kw.pop("as_json")
+    chat, system, as_json = kw.pop("chat"), kw.pop("system"), kw.pop("as_json")
     if system is not None and not chat:
         click.echo("note: --system is ignored with --raw (the prompt is sent as is; --chat applies the template and the system message)",
                    err=True)
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        request = make_request(kw, messages=messages, constraint=constraint)
+    else:
+        request = make_request(kw, prompt=prompt, constraint=constraint)
     with load_engine(kw) as eng:
-        if chat:
-            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            gen = eng.stream(messages=messages, sampling=sampling, max_tokens=max_tokens, stop=stop, constraint=constraint)
-        else:
-            gen = eng.stream(prompt, sampling=sampling, max_tokens=max_tokens, stop=stop, constraint=constraint)
+        gen = eng.start(request)
         # Ctrl-C: cancel the generation (the engine stops within a cycle or a prefill chunk), then leave with 130
         print_generation(gen, as_json)
 

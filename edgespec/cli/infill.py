@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ..errors import EdgespecError
-from .common import print_generation, _read_corpus_file, load_engine, make_sampling, model_options, read_stdin_text, sampling_options
+from ..request import InfillPrompt
+from .common import print_generation, _read_corpus_file, load_engine, make_request, model_options, read_stdin_text, sampling_options
 
 MARKER = "<CURSOR>"
 
@@ -46,9 +47,8 @@ def infill(file: str | None, **kw: Any) -> None:
         if not marker or text.count(marker) != 1:
             raise click.UsageError(f"FILE must contain the cursor marker {marker!r} exactly once (found {text.count(marker) if marker else 0})")
         prefix, suffix = text.split(marker)
-    chunks = [(p, _read_corpus_file(Path(p))) for p in extra]
-    sampling = make_sampling(kw)
-    max_tokens, stop, as_json = kw.pop("max_tokens"), kw.pop("stop"), kw.pop("as_json")
+    chunks = tuple((p, _read_corpus_file(Path(p))) for p in extra)
+    request = make_request(kw, infill=InfillPrompt(prefix or "", suffix or "", extra=chunks))
+    as_json = kw.pop("as_json")
     with load_engine(kw) as eng:
-        gen = eng.infill_stream(prefix or "", suffix or "", extra=chunks, sampling=sampling, max_tokens=max_tokens, stop=stop)
-        print_generation(gen, as_json)
+        print_generation(eng.start(request), as_json)

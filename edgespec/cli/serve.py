@@ -106,7 +106,9 @@ def serve(**kw: Any) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
     /health, /metrics).
 
-    Point any OpenAI client at http://HOST:PORT/v1 (the API key is any string unless --api-key is set)."""
+    Point any OpenAI client at http://HOST:PORT/v1 (the API key is any string unless --api-key is set). A request
+    that leaves a sampling setting out gets the OpenAI API's default (temperature 1.0, top_p 1.0, no top_k or
+    min_p), not the llama.cpp defaults that generate and chat use."""
     import uvicorn
 
     from ..server import Settings, create_app

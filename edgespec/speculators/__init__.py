@@ -15,6 +15,7 @@ from ..costs import CostModel, draft_model_pays
 from ..ngram import NgramIndex
 from ..estimators import AcceptanceEstimator, MatchLengthEstimator
 from ..policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
+from ..request import DrafterKind
 from ..suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
 from .guard import GuardedSpeculator, guarded, unguarded
@@ -23,9 +24,9 @@ from .lookup import LookupSpeculator
 from .model import DraftModel, ModelSpeculator
 from .suffix import SuffixSpeculator
 
-KINDS = ("model", "ngram", "suffix", "model+ngram", "model+suffix", "none")
-TREE_KINDS = ("suffix", "model+suffix")  # need a memory and a target loaded with tree sequences
-MODEL_KINDS = ("model", "model+ngram", "model+suffix")  # need a draft model
+KINDS = tuple(DrafterKind)
+TREE_KINDS = tuple(k for k in DrafterKind if k.uses_tree)  # need a memory and a target loaded with tree sequences
+MODEL_KINDS = tuple(k for k in DrafterKind if k.needs_draft_model)  # need a draft model
 
 
 def model_draft_used(kind: str, spec: SpecConfig, cost: CostModel, gate_open: bool = False) -> bool:
@@ -85,19 +86,20 @@ def make_speculator(
     at the end of the last generation (draft_gate_open; see model_draft_used)."""
     if kind not in KINDS:
         raise ValueError(f"speculator kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if kind == "none" or spec.draft_max == 0:
+    kind = DrafterKind(kind)
+    if kind is DrafterKind.NONE or spec.draft_max == 0:
         return None
     lookup: LookupSpeculator | SuffixSpeculator | None = None
-    if kind in ("ngram", "model+ngram"):
+    if kind.uses_ngram:
         lookup = LookupSpeculator(NgramIndex(spec.ngram_n_max, spec.ngram_n_min), NgramPolicy(spec, cost.view(0.0), run_estimator))
     elif kind in TREE_KINDS:
         if memory is None:
-            raise ValueError(f"speculator {kind!r} needs a suffix index (memory)")
+            raise ValueError(f"speculator '{kind}' needs a suffix index (memory)")
         lookup = SuffixSpeculator(memory, TreePolicy(spec, cost.view(0.0), spec.tree_nodes, spec.tree_width, estimator=run_estimator))
     if not model_draft_used(kind, spec, cost, gate_open):
         return lookup
     if draft_model is None:
-        raise ValueError(f"speculator {kind!r} needs a draft model")
+        raise ValueError(f"speculator '{kind}' needs a draft model")
     if draft_estimator is not None and draft_estimator.k_max < spec.draft_max:
         draft_estimator = None  # learnt for shorter drafts than this generation's: start afresh
     n_siblings = min(spec.draft_siblings, tree_paths - 1) if spec.adaptive else 0
@@ -108,6 +110,7 @@ def make_speculator(
 
 
 __all__ = [
+    "DrafterKind",
     "KINDS",
     "TREE_KINDS",
     "MODEL_KINDS",

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from ..costs import CostModel
 from ..policy import RateGuard
+from ..request import DrafterKind
 from .base import Outcome, Proposal, Speculator
 
 
@@ -35,7 +36,7 @@ class GuardedSpeculator:
         seconds = outcome.t_cycle
         if self.cost.frozen and seconds > 0:
             c = self.cost
-            seconds = (outcome.n_drafted * c.c_draft if self._source == "model" else 0.0) + c.verify(outcome.n_drafted + 1) + c.overhead
+            seconds = (outcome.n_drafted * c.c_draft if self._source == DrafterKind.MODEL else 0.0) + c.verify(outcome.n_drafted + 1) + c.overhead
         self.guard.observe(outcome.n_drafted > 0, outcome.n_emitted, seconds, 1.0 / self.cost.cycle_time(0))
 
     def stats(self) -> dict[str, Any]:

@@ -42,7 +42,7 @@ class HybridSpeculator:
         if self._last == self.lookup.name:
             self.lookup.observe(outcome)
             self.model.observe_foreign(outcome)
-        elif self._last == "model":
+        elif self._last == self.model.name:
             self.model.observe(outcome)
             self.lookup.observe_foreign(outcome)
         else:  # a plain step: both count it (its timing goes into the shared verify curve once)
@@ -51,7 +51,7 @@ class HybridSpeculator:
         self._last = None
 
     def stats(self) -> dict[str, Any]:
-        return {"model": self.model.stats(), self.lookup.name: self.lookup.stats()}
+        return {self.model.name: self.model.stats(), self.lookup.name: self.lookup.stats()}
 
 
 __all__ = ["HybridSpeculator"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..ngram import NgramIndex
 from ..policy import NgramPolicy
+from ..request import DrafterKind
 from .base import Outcome, Proposal
 
 
@@ -24,7 +25,7 @@ class LookupSpeculator:
     declined contexts keep being measured at no cost.
     """
 
-    name = "ngram"
+    name: str = DrafterKind.NGRAM
 
     def __init__(self, index: NgramIndex, policy: NgramPolicy) -> None:
         self.index = index

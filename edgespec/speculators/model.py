@@ -14,6 +14,7 @@ from ..constraint import TokenConstraint, apply_mask
 from ..errors import EdgespecError
 from ..infill import InfillVocab
 from ..policy import Controller
+from ..request import DrafterKind
 from ..sampling import greedy as greedy_token
 from ..sampling import PositionalUniforms, sample, sample_at, warp
 from ..tree import ROOT, TokenTree, sample_children, walk
@@ -75,7 +76,7 @@ class ModelSpeculator:
     (from q_i(d_i) and the estimates), which keeps it exact. Seeded generations draft chains.
     """
 
-    name = "model"
+    name: str = DrafterKind.MODEL
 
     def __init__(
         self, model: DraftModel, sampling: SamplingParams, controller: Controller, draft_temperature: float | None = None

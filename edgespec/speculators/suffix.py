@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..policy import TreePolicy
+from ..request import DrafterKind
 from ..suffix_index import SuffixIndex
 from ..tree import ROOT, TokenTree, walk
 from .base import Outcome, Proposal
@@ -23,7 +24,7 @@ class SuffixSpeculator:
     target then produces, so declined contexts keep teaching the run estimates.
     """
 
-    name = "suffix"
+    name: str = DrafterKind.SUFFIX
 
     def __init__(self, index: SuffixIndex, policy: TreePolicy) -> None:
         self.index = index

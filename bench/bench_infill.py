@@ -3,8 +3,8 @@
 by the model greedily, plain vs speculative, interleaved in one run (the CPU is shared: a drift of the machine's
 speed lands on both alike; the order alternates per prompt).
 
-    .venv/bin/python scripts/bench_infill.py                         # the default pair, 36 prompts from click
-    .venv/bin/python scripts/bench_infill.py --package jinja2 --per-group 8 --md-out docs/infill_bench.md
+    .venv/bin/python bench/bench_infill.py                         # the default pair, 36 prompts from click
+    .venv/bin/python bench/bench_infill.py --package jinja2 --per-group 8 --md-out docs/infill_bench.md
 
 Prompt groups (each function gives at most one prompt per group):
     line    one statement line in the middle of a function body
@@ -239,7 +239,7 @@ def main() -> None:
         ap.error("--reps must be at least 1")
     result = run(args)
     summary = summarize(result["rows"])
-    cmd = "scripts/bench_infill.py " + " ".join(sys.argv[1:])
+    cmd = "bench/bench_infill.py " + " ".join(sys.argv[1:])
     md = markdown(result, summary, cmd)
     print(md)
     from edgespec.fsutil import atomic_write_text

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Predict edgespec's greedy speedup on any hardware from its measured costs, without the models.
 
-    .venv/bin/python scripts/predict_speedup.py --curve scripts/data/curve_gpu_flat.json
-    .venv/bin/python scripts/predict_speedup.py --curve bench.json          # the costs an `edgespec bench --json` used
-    .venv/bin/python scripts/predict_speedup.py --curve ~/.cache/edgespec/calibration.json --json out.json
-    .venv/bin/python scripts/predict_speedup.py measure TARGET.gguf [DRAFT.gguf] --n-gpu-layers -1 --out curve.json
+    .venv/bin/python research/predict_speedup.py --curve research/data/curve_gpu_flat.json
+    .venv/bin/python research/predict_speedup.py --curve bench.json          # the costs an `edgespec bench --json` used
+    .venv/bin/python research/predict_speedup.py --curve ~/.cache/edgespec/calibration.json --json out.json
+    .venv/bin/python research/predict_speedup.py measure TARGET.gguf [DRAFT.gguf] --n-gpu-layers -1 --out curve.json
 
 Acceptance does not depend on the hardware; cost does. At temperature 0 every accepted context is the target's
-greedy trace, so what a drafter proposes at a position depends only on the trace: scripts/record_traces.py recorded
+greedy trace, so what a drafter proposes at a position depends only on the trace: research/record_traces.py recorded
 the real pair's traces on the 5 bench suites and the draft model's greedy continuation (with its confidences) at
-every position (scripts/data/traces.json.gz). This script replays them through edgespec's own code: the
+every position (research/data/traces.json.gz). This script replays them through edgespec's own code: the
 speculation loop (speculate.speculate), the speculators from speculators.make_speculator (Controller, NgramPolicy,
 the real NgramIndex, the hardware gate), on a CostModel built from the curve file, as the engine builds it. Only
 the two models are fakes: the target answers with the recorded trace, the draft with its recorded continuations,
@@ -20,13 +20,15 @@ and each advances a virtual clock by what the curve file says the call costs (no
     draft: catching up m tokens draft_verify(m), else draft * verify(m) / verify(1)
     every cycle                 overhead                             (Python work outside both models; default 0)
 
-The engine's online learning runs as in a bench (the curve and the draft cost carry over from prompt to prompt),
-fed with these modelled times. Speedup per suite = plain decode time / speculative decode time over the suite's
-prompts (summed tokens / summed seconds on each side, as `edgespec bench` reports it), for each drafter kind the
-engine has: model, ngram, model+ngram (the default, "auto" with a draft model), and with --kinds the suffix-index
-drafters suffix and model+suffix, whose token trees the fake target verifies as llama.cpp's tree decode would (one
-decode of the tree's nodes costs verify(nodes + 1); the memory starts empty and holds every prompt and output
-replayed before, as one engine's would in a bench run).
+The engine's online learning runs as in a bench, fed with these modelled times: each drafter kind replays through
+one edgespec.learning.LearningState, the engine's own (the curve, the draft's cost and gate, the estimators, the rate
+guard and the suffix memory carry over from prompt to prompt), driven through the methods Engine._run calls.
+Speedup per suite = plain decode time / speculative decode time over the suite's prompts (summed tokens / summed
+seconds on each side, as `edgespec bench` reports it), for each drafter kind the engine has: model, ngram,
+model+ngram (the default, "auto" with a draft model), and with --kinds the suffix-index drafters suffix and
+model+suffix, whose token trees the fake target verifies as llama.cpp's tree decode would (one decode of the tree's
+nodes costs verify(nodes + 1); the memory starts empty and holds every prompt and output replayed before, as one
+engine's would in a bench run).
 
 The oracle: knowing how many tokens each proposal would get accepted (the recorded continuation's and the lookup's
 match with the trace), the fewest modelled seconds to produce each trace, by dynamic programming over positions
@@ -34,9 +36,9 @@ match with the trace), the fewest modelled seconds to produce each trace, by dyn
 drafts from the same proposals can beat it (it ignores the draft's catch-up cost, so it is a bound, slightly
 optimistic for the model drafter).
 
-Sampling (--sampled, T > 0): a sampled output has no single trace, so scripts/record_traces.py --sampled recorded one
+Sampling (--sampled, T > 0): a sampled output has no single trace, so research/record_traces.py --sampled recorded one
 trajectory per prompt, sampled plainly at T = 1.0 with the bench's settings (top-k 40, top-p 0.95, min-p 0.05), and at
-every position both models' 40 most likely tokens with their probabilities (scripts/data/traces_t1.json.gz). The
+every position both models' 40 most likely tokens with their probabilities (research/data/traces_t1.json.gz). The
 replay then samples for real, through the same loop and the engine's exact acceptance rules, from rows rebuilt from
 the recording (their sum of min(p, q) after the sampler's filters matches the recorded exact acceptance rate, 5e-5
 apart on average, except where a top-p or min-p threshold falls within the rounding of a recorded probability: with
@@ -72,6 +74,7 @@ sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to th
 
 from record_traces import continuation, continuation_with_alternatives  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
+from edgespec.learning import LearningState  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
 DEFAULT_SAMPLED = HERE / "data" / "traces_t1.json.gz"  # the sampled recording (T = 1.0 with the bench's settings)
@@ -584,40 +587,27 @@ def expected_oracle_seconds(
 
 
 # --------------------------------------------------------------------------------------------- replay
-class EngineState:
-    """What an Engine carries from one generation to the next: its live verify curve, the draft's cost and whether its
-    hardware gate is open, the lookups' acceptance by match run, the draft's by position, the suffix drafters'
-    memory and the live-rate check (policy.RateGuard)."""
+def new_state(cost: Curve) -> LearningState:
+    """What an engine starts a bench with on this curve (edgespec.learning.LearningState, the engine's own class):
+    its live verify curve and the draft's cost from the file, a closed gate, fresh estimators and rate guards, and an
+    empty suffix memory (it will hold every prompt and output replayed through this state)."""
+    from edgespec.suffix_index import SuffixIndex
 
-    def __init__(self, cost: Curve) -> None:
-        from edgespec.costs import VerifyCurve
-
-        from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
-        from edgespec.policy import RateGuard
-        from edgespec.suffix_index import SuffixIndex
-
-        self.curve = VerifyCurve(cost.verify)
-        self.draft_cost = cost.draft
-        self.draft_gate_open = False  # the draft model's hardware gate after the last prompt (Engine.draft_gate_open)
-        self.run_estimator = MatchLengthEstimator()  # lookups' acceptance by match run, kept across prompts (engine.py)
-        self.draft_estimator = AcceptanceEstimator(64)  # the draft model's acceptance by position, likewise
-        self.memory = SuffixIndex()  # the suffix drafters' memory: every prompt and output replayed so far (fresh at the start)
-        self.rate_guards: dict[str, RateGuard] = {}  # the live checks that speculation delivers, per kind (Engine.rate_guards)
+    return LearningState.from_costs(cost.verify, cost.draft, memory=SuffixIndex())
 
 
 def run_one(
-    rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: EngineState, spec: Any,
+    rec: Mapping[str, Any], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: LearningState, spec: Any,
     sampled: SampledPrompt | None = None, seed: int | Sequence[int] = 0,
 ) -> tuple[Any, bool]:
     """Replay one recorded prompt with drafter `kind` (None = plain decoding): its GenerationStats (decode seconds on
     the virtual clock) and whether the loop's prefill computed the last prompt token's logits. With `sampled` (a
     format-3 recording's prompt), the replay samples with the recording's settings from its rows, drawing from a
-    source seeded with `seed`, and up to as many tokens as the recorded trajectory."""
+    source seeded with `seed`, and up to as many tokens as the recorded trajectory. `state` (a LearningState,
+    new_state) carries what the engine learns from one prompt to the next, driven as Engine._run drives its own."""
     from edgespec.config import SamplingParams
-    from edgespec.costs import CostModel, VerifyCurve
+    from edgespec.costs import VerifyCurve
     from edgespec.speculate import speculate
-    from edgespec.policy import RateGuard
-    from edgespec.speculators import draft_gate_open, guarded, make_speculator, model_draft_used
     from edgespec.stats import GenerationStats
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
@@ -636,14 +626,10 @@ def run_one(
         draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
         sampling = SamplingParams(temperature=0)
     speculator = None
-    cm = CostModel(state.curve, c_draft=state.draft_cost)
+    cm = state.cost_model()
     if kind is not None:
-        speculator = make_speculator(kind, spec, sampling, cm, draft, memory=state.memory, run_estimator=state.run_estimator,
-                                     draft_estimator=state.draft_estimator, tree_paths=replay_tree_paths(kind, spec, meta),
-                                     gate_open=state.draft_gate_open)
-        if spec.adaptive:  # as the engine does (Engine._run)
-            speculator = guarded(speculator, state.rate_guards.setdefault(kind, RateGuard()), cm)
-        if model_draft_used(kind, spec, cm, state.draft_gate_open) and len(prompt) > 1:
+        speculator = state.speculator(kind, spec, sampling, cm, draft, tree_paths=replay_tree_paths(kind, spec, meta))
+        if state.model_draft_used(kind, spec, cm) and len(prompt) > 1:
             draft.cached = prompt[:-1]  # the bench's warm draft: prompt processed apart, not in decode time
     stats = GenerationStats()
     max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" and sampled is None else len(trace)
@@ -654,8 +640,7 @@ def run_one(
     if sampled is None and (out != trace[: len(out)] or len(out) != len(trace)):
         raise RuntimeError(f"{rec['name']}: the replay produced {len(out)} tokens that differ from the recorded trace")
     if kind is not None:
-        state.draft_cost = cm.c_draft
-        state.draft_gate_open = draft_gate_open(speculator, kind, spec, state.draft_gate_open)
+        state.end_generation(speculator, kind, spec, cm)
     return stats, target.prefill_rows
 
 
@@ -868,8 +853,7 @@ def predict(
     best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table); with fit_rules, the best fixed
     confidence / match-run rule for model+ngram fitted on each suite's traces (fitted_rule; overall: each suite with
     its own rule). seed: a sampled replay's draws (prompt i of the recording draws from [seed, i], every kind alike)."""
-    from edgespec.costs import CostModel, draft_model_pays
-    from edgespec.speculators import model_draft_used
+    from edgespec.costs import draft_model_pays
 
     sampled = data.get("format") == 3
     if sampled and (fit or fit_rules):
@@ -883,8 +867,8 @@ def predict(
         raise ValueError(f"no recorded prompts for suites {list(suites)}")
     from edgespec.stats import Totals
 
-    states = {k: EngineState(cost) for k in kinds}
-    plain_state = EngineState(cost)
+    states = {k: new_state(cost) for k in kinds}
+    plain_state = new_state(cost)
 
     def new_sums() -> dict[str, Any]:
         oracles = {"model": 0.0, "ngram": 0.0, "model+ngram": 0.0, "model tree": 0.0, "model+ngram tree": 0.0}
@@ -966,13 +950,13 @@ def predict(
     if fit_rules:  # every suite with its own fitted rule
         sec = sum(r["fitted_rule"]["seconds"] for r in suite_results.values())
         overall["fitted_rule"] = {"speedup": round(overall["plain_seconds"] / sec, 4), "seconds": sec}
-    cm = CostModel(cost.verify, c_draft=cost.draft)
-    gate = draft_model_pays(cm, max(spec.draft_max, 1), spec.draft_min)
+    fresh = new_state(cost)  # what an engine starts with on this curve
+    gate = draft_model_pays(fresh.cost_model(), max(spec.draft_max, 1), spec.draft_min)
     return {
         "curve": cost.describe(),
         "spec": {"draft_max": spec.draft_max, "adaptive": spec.adaptive, "ngram_draft_max": spec.ngram_draft_max},
         "draft_model_pays": gate,  # the hardware gate on this curve (adaptive mode)
-        "draft_model_used": model_draft_used("model", spec, cm),  # a fixed draft length bypasses the gate
+        "draft_model_used": fresh.model_draft_used("model", spec),  # a fixed draft length bypasses the gate
         "traces": {k: data.get(k) for k in ("target", "draft", "recorded", "machine", "max_tokens", "draft_len", "sampling")},
         "suites": suite_results,
         "overall": overall,
@@ -1216,7 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="subcommand: predict_speedup.py measure TARGET [DRAFT] --out FILE (see measure --help)")
     ap.add_argument("--curve", action="append", default=[], help="curve file(s) (or bench --json report, or calibration cache)")
     ap.add_argument("--profiles", type=Path, nargs="?", const=DEFAULT_PROFILES, default=None,
-                    help="replay every curve file in this folder (default scripts/data/curves) at every --draft-relative "
+                    help="replay every curve file in this folder (default research/data/curves) at every --draft-relative "
                          "and print one table (profile x draft cost x suite) with the issue-23 goals")
     ap.add_argument("--draft-relative", default=None,
                     help="the draft's cost in target tokens, comma-separated (e.g. 0.3,0.45,0.6,0.8): replays each curve at "

@@ -6,15 +6,15 @@ alternating order) in one run, for configurations that peel edgespec's path apar
     model         edgespec's backend.Model (edgespec's context parameters), a greedy loop over decode()
     model+draft   the same with the draft model loaded beside it (and used once, as calibration does)
     engine        Engine.generate(speculative=False): the whole stack (worker thread, sampling, detokenizer)
-    llama-bench   llama.cpp's own llama-bench tg at the same context depth (when scripts/llamacpp_compare.py built it)
+    llama-bench   llama.cpp's own llama-bench tg at the same context depth (when bench/llamacpp_compare.py built it)
 
-    .venv/bin/python scripts/plain_speed.py                       # default pair, depths 16 and 512, 64 tokens
-    .venv/bin/python scripts/plain_speed.py --tokens 128 --rounds 3 --json-out /tmp/plain.json
+    .venv/bin/python bench/plain_speed.py                       # default pair, depths 16 and 512, 64 tokens
+    .venv/bin/python bench/plain_speed.py --tokens 128 --rounds 3 --json-out /tmp/plain.json
 
 Every configuration decodes the same prompt tokens and then `--tokens` tokens one at a time; the number is the
 median milliseconds per decoded token after the prompt. Ratios are against `bare` in the same round.
 
-    .venv/bin/python scripts/plain_speed.py --paired              # token by token: bare, model, model+trees
+    .venv/bin/python bench/plain_speed.py --paired              # token by token: bare, model, model+trees
 
 --paired is the finer comparison of the layers that can be stepped one token at a time: the bare loop, the backend
 Model, and the Model loaded with tree sequences as the suffix drafters load it (n_seq_max > 1, unified KV cache).
@@ -110,7 +110,7 @@ def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds:
         "model+trees": Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads), tree_paths=SpecConfig().tree_nodes),
     }
     # Every decode of this run happens on this one thread, so llama.cpp's OpenMP keeps one thread pool (two pools on
-    # two cores slow every decode, see docs/benchmarks.md).
+    # two cores slow every decode, see docs/benchmarks-history.md, 2026-11-30).
     rng = np.random.default_rng(0)
     out: dict[str, dict[str, float]] = {}
     try:
@@ -197,7 +197,7 @@ def main() -> None:
     bin_dir = build_dir(cache_dir() / "llamacpp", llama_cpp.__version__, detect_cmake_args()) / "bin"  # the flags setup.sh uses
     rng = np.random.default_rng(0)
     # Every in-process configuration decodes on the engine's worker thread: llama.cpp's OpenMP keeps a thread pool
-    # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks.md).
+    # per calling thread, and two pools on two cores slow every decode (see docs/benchmarks-history.md, 2026-11-30).
     on_worker = eng.submit
     configs: dict[str, Callable[[list[int]], float | None]] = {
         "bare": lambda p: on_worker(lambda _: model_loop(bare, p, args.tokens)).result(),

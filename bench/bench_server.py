@@ -2,9 +2,9 @@
 """What the HTTP server costs: tokens/s and time to first token through `edgespec serve` vs the same engine called
 in-process, on the same prompts, interleaved.
 
-    .venv/bin/python scripts/bench_server.py                      # the real pair when cached, else the tiny pair
-    .venv/bin/python scripts/bench_server.py --tiny --reps 5      # the tiny test models (worst case for overhead)
-    .venv/bin/python scripts/bench_server.py --mode process       # the server as a separate `edgespec serve` process
+    .venv/bin/python bench/bench_server.py                      # the real pair when cached, else the tiny pair
+    .venv/bin/python bench/bench_server.py --tiny --reps 5      # the tiny test models (worst case for overhead)
+    .venv/bin/python bench/bench_server.py --mode process       # the server as a separate `edgespec serve` process
 
 Each measured run starts from a cold cache (a fresh nonce in the prompt, and in thread mode the engine's caches
 emptied), greedy, so both sides generate the same tokens; the order of the two sides alternates run by run.
@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,9 +40,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # edgespec from this checkout; the tests' fixtures (tiny models, the server process)
 
 import httpx  # noqa: E402
+from serve_process import ServeProcess  # noqa: E402
+from tiny import write_tiny_set  # noqa: E402
 
 from edgespec.config import ModelSpec, SamplingParams  # noqa: E402
 from edgespec.engine import Engine  # noqa: E402
@@ -69,8 +70,6 @@ def models(args: argparse.Namespace) -> tuple[str, str | None, str]:
             return str(resolve_model(None, "target")), str(resolve_model(None, "draft")), "real pair"
         except Exception as e:  # noqa: BLE001 - any reason: fall back to the tiny pair
             print(f"real pair not usable ({e}); using the tiny pair", file=sys.stderr)
-    from edgespec.tiny import write_tiny_set
-
     files = write_tiny_set(Path(tempfile.mkdtemp(prefix="edgespec-bench-")))
     return str(files["target"]), str(files["draft"]), "tiny pair"
 
@@ -113,54 +112,6 @@ class ThreadServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
-
-
-class ServeProcess:
-    """`python -m edgespec serve ARGS --port 0` in a child process (also the load test's server): started when its
-    "listening on" line names the URL and /health answers 200, each within `timeout` seconds (RuntimeError with the
-    server's stderr otherwise); stop() terminates it, then kills it."""
-
-    def __init__(self, args: list[str], timeout: float = 60.0, code: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "edgespec", "serve", *args, "--port", "0"]
-        # code: the checkout whose edgespec runs (its folder is the child's working directory and PYTHONPATH)
-        env = {**os.environ, "PYTHONPATH": code} if code else None
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=code, env=env)
-        self.lines: list[str] = []
-        self.url = ""
-        found = threading.Event()
-
-        def drain() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line)
-                m = re.search(r"listening on (http://\S+?) ", line)
-                if m and not found.is_set():
-                    self.url = m.group(1)
-                    found.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        if not found.wait(timeout):
-            self.stop()
-            raise RuntimeError("the server did not start:\n" + "".join(self.lines))
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if httpx.get(self.url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError("the server did not get ready:\n" + "".join(self.lines))
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def process_server(args: argparse.Namespace, target: str, draft: str | None) -> ServeProcess:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Tool round trips through `edgespec serve` on the real pair: how often call -> result -> answer ends in an answer.
 
-    .venv/bin/python scripts/tool_roundtrip.py                       # this checkout's code, the real pair
-    .venv/bin/python scripts/tool_roundtrip.py --code /work/main     # another checkout's code (a before/after run)
-    .venv/bin/python scripts/tool_roundtrip.py --no-agents --tasks 4
+    .venv/bin/python bench/tool_roundtrip.py                       # this checkout's code, the real pair
+    .venv/bin/python bench/tool_roundtrip.py --code /work/main     # another checkout's code (a before/after run)
+    .venv/bin/python bench/tool_roundtrip.py --no-agents --tasks 4
 
 Each task is one user question that one of four small tools answers (weather, currency, time, population). Through
 /v1/chat/completions (the openai SDK, tool_choice "auto", temperature 0, max_tokens 128): the first answer must be a
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from bench_server import ServeProcess  # noqa: E402 - the server harness of the benchmarks
+from serve_process import ServeProcess  # noqa: E402 - the tests' server process harness
 
 WEATHER = {"paris": (17, "light rain"), "tokyo": (22, "clear"), "cairo": (34, "sunny"), "london": (12, "showers"),
            "oslo": (-3, "snow")}

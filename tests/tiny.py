@@ -1,5 +1,10 @@
 """Tiny real GGUF models for tests and demos: llama architecture, byte-level GPT-2 tokenizer, F32 weights.
 
+A test fixture, not part of the package: the tests import it (`from tiny import ...`, tests/ is on their path), and
+so do the checkout's tools that need a model in seconds (scripts/check_wheel.sh and scripts/gpu_check.sh write one
+to run an install on, bench/bench_server.py --tiny, bench/hostile_sweep.py, docs/examples/desktop_app.py), with
+tests/ put on their path. It needs numpy and gguf only (no edgespec), so an installed wheel can be checked with it.
+
 llama.cpp loads one in milliseconds, so exactness can be tested through the real backend. The output layer is
 built so that nearly all probability mass sits on a small "hot" set of tokens: dimension 0 of every token
 embedding is a large constant that survives the (small) layers and the final RMS norm, and the output rows use it

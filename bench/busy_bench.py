@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decoding speed on a machine that is not idle: edgespec against llama-cpp-python with fixed thread counts.
 
-    .venv/bin/python scripts/busy_bench.py                       # quiet, busy and switching load; prints a table
-    .venv/bin/python scripts/busy_bench.py --loads busy --prompts-per-suite 2 --json-out busy.json
+    .venv/bin/python bench/busy_bench.py                       # quiet, busy and switching load; prints a table
+    .venv/bin/python bench/busy_bench.py --loads busy --prompts-per-suite 2 --json-out busy.json
 
 Systems, each in its own process (loaded once, then fed prompts one at a time over a pipe):
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Compare edgespec with llama.cpp's own C++ tools on the same model pair, prompts and settings.
 
-    .venv/bin/python scripts/llamacpp_compare.py               # build (once, cached) + run + print a table
-    .venv/bin/python scripts/llamacpp_compare.py --build-only  # just build the llama.cpp tools
+    .venv/bin/python bench/llamacpp_compare.py               # build (once, cached) + run + print a table
+    .venv/bin/python bench/llamacpp_compare.py --build-only  # just build the llama.cpp tools
 
 What it does:
 
@@ -57,7 +57,7 @@ def detect_cmake_args() -> str:
     env = os.environ.get("EDGESPEC_CMAKE_ARGS")
     if env is not None:
         return env
-    out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "cmake_args.sh")], capture_output=True, text=True, check=True)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "cmake_args.sh")], capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 

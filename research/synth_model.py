@@ -3,12 +3,12 @@
 anywhere, without the real weights (they cannot travel to an offline GPU machine; the spec below is ~1 MB).
 
     # a spec (hyperparameters, tensor list, weight scales, tokenizer) from real files; the pair's is committed
-    .venv/bin/python scripts/synth_model.py spec TARGET.gguf DRAFT.gguf --out scripts/data/qwen2.5-coder-pair.spec.json.xz
+    .venv/bin/python research/synth_model.py spec TARGET.gguf DRAFT.gguf --out research/data/qwen2.5-coder-pair.spec.json.xz
     # a synthetic model from the spec (F16 in a temp dir, then llama.cpp's quantizer to Q4_K_M; the F16 is deleted)
-    .venv/bin/python scripts/synth_model.py make --model target --out /tmp/synth-1.5b.gguf
-    .venv/bin/python scripts/synth_model.py make --model draft --out /tmp/synth-0.5b.gguf
+    .venv/bin/python research/synth_model.py make --model target --out /tmp/synth-1.5b.gguf
+    .venv/bin/python research/synth_model.py make --model draft --out /tmp/synth-0.5b.gguf
     # the check: verify curves of a real and a synthetic file on this machine, measured interleaved
-    .venv/bin/python scripts/synth_model.py compare REAL.gguf SYNTH.gguf --sizes 1-9,12,16,17
+    .venv/bin/python research/synth_model.py compare REAL.gguf SYNTH.gguf --sizes 1-9,12,16,17
 
 The spec holds, per model, every metadata key of the real file (architecture, layers, heads, KV heads, hidden and
 FFN sizes, context length, RoPE base, norm epsilon, chat template, special token ids) except the tokenizer arrays,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Throw hostile inputs at edgespec as a user, an app developer and a hostile file would, and count what held.
 
-    .venv/bin/python scripts/hostile_sweep.py                 # all categories (a few minutes on 2 cores)
-    .venv/bin/python scripts/hostile_sweep.py --only api cli  # some of them (limits, resume, cachefiles, serve: issue 20; input: issue 37)
-    .venv/bin/python scripts/hostile_sweep.py --json-out /tmp/sweep.json
+    .venv/bin/python bench/hostile_sweep.py                 # all categories (a few minutes on 2 cores)
+    .venv/bin/python bench/hostile_sweep.py --only api cli  # some of them (limits, resume, cachefiles, serve: issue 20; input: issue 37)
+    .venv/bin/python bench/hostile_sweep.py --json-out /tmp/sweep.json
 
 "Held" means: the CLI exits 0 for valid input, or 1/2 with at most two lines on stderr (the message, maybe a stats
 line), no traceback and no signal; the API raises an `EdgespecError` subclass (never a raw TypeError/ValueError);
@@ -764,7 +764,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=list(CATEGORIES), default=None)
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
-    from edgespec.tiny import write_tiny_set
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import write_tiny_set
 
     with tempfile.TemporaryDirectory(prefix="edgespec-sweep-") as tmp:
         work = Path(tmp)

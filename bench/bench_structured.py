@@ -2,8 +2,8 @@
 """Structured output on the real pair: tokens/s of constrained plain decoding, constrained speculative decoding
 (grammar-forced drafts + the engine's drafter) and unconstrained speculative decoding, side by side in one run.
 
-    .venv/bin/python scripts/bench_structured.py                 # the real pair from the model cache
-    .venv/bin/python scripts/bench_structured.py --reps 3 --max-tokens 160
+    .venv/bin/python bench/bench_structured.py                 # the real pair from the model cache
+    .venv/bin/python bench/bench_structured.py --reps 3 --max-tokens 160
 
 Tasks: JSON-schema extraction (fields from a short text into a schema with fixed keys, enums, numbers) and tool
 calls (a required call to one of two tools). Greedy, so every mode of a task writes the same tokens where the

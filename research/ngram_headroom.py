@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """How much can n-gram (prompt-lookup) drafting gain on a machine, and how close does the policy come?
 
-    .venv/bin/python scripts/ngram_headroom.py                                   # this machine's calibrated curve
-    .venv/bin/python scripts/ngram_headroom.py --curve scripts/data/curve_gpu_flat.json --suite input-grounded
+    .venv/bin/python research/ngram_headroom.py                                   # this machine's calibrated curve
+    .venv/bin/python research/ngram_headroom.py --curve research/data/curve_gpu_flat.json --suite input-grounded
 
-A thin front end to scripts/predict_speedup.py, which replaced the replay this script used to do: the greedy traces
-of the bench prompts are recorded once (scripts/data/traces.json.gz, scripts/record_traces.py), and the n-gram
+A thin front end to research/predict_speedup.py, which replaced the replay this script used to do: the greedy traces
+of the bench prompts are recorded once (research/data/traces.json.gz, research/record_traces.py), and the n-gram
 drafter is replayed through edgespec's own loop, LookupSpeculator and NgramPolicy on a verify-cost curve. Printed
 per suite: the policy's modelled speedup over plain decoding, and the oracle's (the best any policy drafting from
 the same lookups can do, by dynamic programming over the trace). Without --curve, the curve is the most recently

@@ -1,7 +1,7 @@
 """Speed and size of edgespec.suffix_index.SuffixIndex at a given number of indexed tokens.
 
-    .venv/bin/python scripts/bench_suffix_index.py                    # 10k and 100k tokens
-    .venv/bin/python scripts/bench_suffix_index.py --tokens 250000 --lookups 2000
+    .venv/bin/python bench/bench_suffix_index.py                    # 10k and 100k tokens
+    .venv/bin/python bench/bench_suffix_index.py --tokens 250000 --lookups 2000
 
 The indexed text is synthetic but text-like: Zipf-distributed token ids (vocabulary 32k) with copied passages, so
 n-grams of every length repeat. A generation is simulated: each cycle proposes (depth 8, width 4), then appends

@@ -2,15 +2,15 @@
 """Record what the speedup predictor replays: greedy traces of the real pair on the bench suites, and the draft
 model's greedy continuation (with its confidences) at every position of each trace.
 
-    nice .venv/bin/python scripts/record_traces.py                       # all 5 suites, 128 tokens, 16 draft tokens
-    .venv/bin/python scripts/record_traces.py --suite code-completion --max-tokens 32 --out /tmp/t.json.gz
+    nice .venv/bin/python research/record_traces.py                       # all 5 suites, 128 tokens, 16 draft tokens
+    .venv/bin/python research/record_traces.py --suite code-completion --max-tokens 32 --out /tmp/t.json.gz
 
 Why this is enough: at temperature 0 the accepted context is always the target's greedy trace (speculation is
 exact), so a cycle at position t proposes tokens that depend only on prompt + trace[:t]. For the draft model that
 is its greedy continuation from that context (recorded here, up to --draft-len tokens, with the top probability of
 each drafted token: the confidence the Controller's keep_drafting sees); for n-gram lookups it is NgramIndex on the
 same context (replayed, not recorded). Acceptance and hardware cost are then separate: acceptance is in this file,
-cost comes from a verify-curve file (scripts/predict_speedup.py).
+cost comes from a verify-curve file (research/predict_speedup.py).
 
 Recording is cheap because a greedy continuation from t + 1 is the one from t shifted by one token whenever the
 draft's first token equals trace[t] (same context, deterministic): the draft then decodes one more token. Only a
@@ -30,7 +30,7 @@ end-of-generation token (the draft stops there). Written as gzip'd JSON (the 5 s
 
 Sampled traces (--sampled, format 3, for replaying temperature > 0):
 
-    nice .venv/bin/python scripts/record_traces.py --sampled --out scripts/data/traces_t1.json.gz
+    nice .venv/bin/python research/record_traces.py --sampled --out research/data/traces_t1.json.gz
 
 At temperature > 0 no single trace is "the" output, so the file records one trajectory per prompt, sampled plainly
 from the target with the bench's settings (T 1.0, top-k 40, top-p 0.95, min-p 0.05, a fixed seed), and at every

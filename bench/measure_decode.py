@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tokens/s of one model's forward passes on this machine: single-token decode and batched decodes.
 
-    .venv/bin/python scripts/measure_decode.py [MODEL] [--sizes 1 4 8] [--repeats 5] [--threads N]
+    .venv/bin/python bench/measure_decode.py [MODEL] [--sizes 1 4 8] [--repeats 5] [--threads N]
 
 MODEL defaults to the default pair's target. Each size is timed `repeats` times after a 16-token context
 (median reported); a batch of n tokens counts n tokens, so batched tokens/s shows what a verify costs per token.
