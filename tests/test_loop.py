@@ -1,8 +1,8 @@
 """The speculation loop against a fake target in pure numpy: control flow in milliseconds, no llama.cpp.
 
-The fake model's logits are a fixed function of (last token, context length), so the exact distribution of its
-next tokens can be enumerated. Statistical tests here: chi-square, N = 20,000 sequences, significance 1e-3, fixed
-seeds; a sampled sequence outside the exact support fails at once.
+The fake model (tests/fakes.py) has logits that are a fixed function of (last token, context length). The exact
+laws of whole generations on these fakes (foreign draft ids, trees, and the controls that plant broken rules) are
+enumerated in tests/test_loop_laws.py; here: limits, control flow, greedy and seeded identity.
 """
 
 from __future__ import annotations
@@ -13,87 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from shared import chi_square
+from fakes import V, FakeModel, FakeTreeModel, exact_distribution
 
 from edgespec.config import SamplingParams
-from edgespec.errors import ContextFullError, StopRequested
-from edgespec.prompt_cache import common_prefix
+from edgespec.errors import ContextFullError
 from edgespec.sampling import PositionalUniforms, sample, warp
 from edgespec.speculate import speculate
 from edgespec.speculators import Outcome, Proposal
 from edgespec.stats import GenerationStats
 
-V = 8
 EOG = 7
-N_SEQ = 20_000
-ALPHA = 1e-3
-
-
-class FakeModel:
-    """A language model in numpy: logits(context) = W[last token] + 0.3 * len(context) * U[last token]."""
-
-    def __init__(self, n_ctx: int = 64, n_vocab: int = V, seed: int = 0, eog: int | None = None, sharp: float = 2.0) -> None:
-        rng = np.random.default_rng(seed)
-        self.W = rng.standard_normal((n_vocab, n_vocab)) * sharp
-        self.U = rng.standard_normal((n_vocab, n_vocab)) * 0.3
-        self.n_ctx, self.n_vocab = n_ctx, n_vocab
-        self.eog = eog
-        self.cached: list[int] = []
-        self.n_decoded = 0
-        self.decoded_batches: list[list[int]] = []
-
-    @property
-    def n_past(self) -> int:
-        return len(self.cached)
-
-    def common_prefix(self, tokens) -> int:
-        return common_prefix(self.cached, tokens)
-
-    def logits(self, context: list[int]) -> np.ndarray:
-        last = context[-1]
-        return (self.W[last] + len(context) * self.U[last]).astype(np.float32)
-
-    def sync(self, tokens, rows=(-1,), *, should_stop=None, progress=None):
-        tokens = list(tokens)
-        keep = 0
-        while keep < min(len(tokens), len(self.cached)) and tokens[keep] == self.cached[keep]:
-            keep += 1
-        if rows and keep == len(tokens):
-            keep -= 1
-        self.truncate(keep)
-        rest = tokens[keep:]
-        out = []
-        for i, t in enumerate(rest):
-            if should_stop is not None and i > 0 and i % 4 == 0 and should_stop():
-                raise StopRequested()
-            self.cached.append(t)
-            self.n_decoded += 1
-            if progress is not None:
-                progress(i + 1, len(rest))
-        if rows and rest:
-            out = [self.logits(self.cached)]
-        return np.array(out, dtype=np.float32).reshape(len(out), self.n_vocab)
-
-    def decode(self, tokens, start_pos, rows=(-1,)):
-        assert start_pos == len(self.cached), "decode out of step with the cache"
-        tokens = list(tokens)
-        assert all(0 <= t < self.n_vocab for t in tokens), f"a token outside the vocabulary was decoded: {tokens}"
-        if start_pos + len(tokens) > self.n_ctx:
-            raise ContextFullError("fake context full")
-        self.decoded_batches.append(tokens)
-        out = []
-        for t in tokens:
-            self.cached.append(t)
-            out.append(self.logits(self.cached))
-        self.n_decoded += len(tokens)
-        rows = [r % len(tokens) for r in rows]
-        return np.stack([out[r] for r in rows]) if rows else np.empty((0, self.n_vocab), np.float32)
-
-    def truncate(self, n: int) -> None:
-        del self.cached[n:]
-
-    def is_eog(self, token: int) -> bool:
-        return token == self.eog
+__all__ = ["EOG", "FakeModel", "FakeTreeModel", "exact_distribution", "OracleSpeculator", "SampledSpeculator", "run"]
 
 
 class OracleSpeculator:
@@ -217,38 +147,7 @@ def test_eog_cuts_a_cycle_and_is_the_last_token():
 
 
 # ------------------------------------------------------------------------------------------------ vocabularies
-def exact_distribution(target: FakeModel, prompt: list[int], sp: SamplingParams, n: int) -> dict[tuple[int, ...], float]:
-    out: dict[tuple[int, ...], float] = {}
-
-    def rec(prefix, mass):
-        ctx = prompt + prefix
-        p = warp(target.logits(ctx), sp, ctx)
-        for x in np.flatnonzero(p > 0):
-            if len(prefix) + 1 == n:
-                out[tuple(prefix + [int(x)])] = mass * float(p[x])
-            else:
-                rec(prefix + [int(x)], mass * float(p[x]))
-
-    rec([], 1.0)
-    return out
-
-
-@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)], ids=["T1", "T0.7-topk4"])
-def test_draft_ids_outside_the_target_vocabulary_are_rejected_exactly(sp):
-    """The draft's vocabulary has 3 ids the target lacks (as in pairs whose vocabularies differ by up to 128):
-    such a draft token is never decoded by the target (FakeModel asserts it) and the output stays exact."""
-    target = FakeModel(64, seed=3)
-    exact = exact_distribution(target, [1, 2], sp, 3)
-    rng = np.random.default_rng(77)
-    samples = []
-    for _ in range(N_SEQ):
-        out, _ = run(target, [1, 2], sp, rng, 3, SampledSpeculator(target, 3, extra=3))
-        samples.append(tuple(out))
-    assert all(max(b) < V for b in target.decoded_batches)
-    p = chi_square(samples, exact)
-    assert p > ALPHA, f"p = {p:.2e} (N = {N_SEQ})"
-
-
+# the exact law with foreign draft ids: test_loop_laws.test_draft_ids_outside_the_target_vocabulary_are_rejected_exactly
 def test_foreign_draft_ids_count_as_drafted_and_rejected():
     target = FakeModel(64, seed=3)
 
@@ -336,32 +235,6 @@ def test_the_loop_imports_without_llama_cpp():
 
 
 # ------------------------------------------------------------------------------------------------ trees
-class FakeTreeModel(FakeModel):
-    """FakeModel that also verifies token trees (as backend.Model.decode_tree / keep_tree_path do)."""
-
-    tree_paths = 16
-
-    def decode_tree(self, tokens, depths, seq_ids):
-        start = len(self.cached)
-        assert all(0 <= t < self.n_vocab for t in tokens), f"a token outside the vocabulary was decoded: {tokens}"
-        assert start + len(tokens) <= self.n_ctx
-        rows = []
-        for i in range(len(tokens)):
-            path = []  # the ancestors of row i: one row per depth whose paths include all of row i's
-            for d in range(1, depths[i]):
-                j = next(j for j in range(1, i) if depths[j] == d and set(seq_ids[i]) <= set(seq_ids[j]))
-                path.append(tokens[j])
-            ctx = self.cached + [tokens[0]] + path + ([tokens[i]] if i else [])
-            rows.append(self.logits(ctx))
-        self.decoded_batches.append(list(tokens))
-        self.cached.append(tokens[0])
-        self.n_decoded += len(tokens)
-        return np.stack(rows)
-
-    def keep_tree_path(self, path, tokens):
-        self.cached.extend(tokens)
-
-
 class TreeSpeculator:
     """Proposes a fixed-shape tree: the target's greedy token and the next-best at every node (width 2, depth 3),
     deterministic; or, sampled=True, two draws without replacement from a blurred target (q reported)."""
@@ -414,19 +287,8 @@ def test_trees_greedy_equal_plain_and_stop_where_plain_stops():
             assert st.n_accepted > 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
-def test_trees_are_exact_at_temperature_one(sampled):
-    sp = SamplingParams(temperature=1.0, top_p=0.9)
-    target = FakeTreeModel(64, seed=2)
-    exact = exact_distribution(target, [1, 2], sp, 3)
-    rng = np.random.default_rng(4242 + sampled)
-    samples = []
-    for _ in range(N_SEQ):
-        out, _ = run(target, [1, 2], sp, rng, 3, TreeSpeculator(target, sampled=sampled, extra=2 if sampled else 0))
-        samples.append(tuple(out))
-    p = chi_square(samples, exact)
-    assert p > ALPHA, f"p = {p:.2e} (N = {N_SEQ})"
+# exactness of trees at T = 1 (deterministic and sampled siblings) and the control with a broken tree rule: exact laws
+# in test_loop_laws (test_fixed_trees_are_exact, test_a_broken_tree_rule_is_caught)
 
 
 def test_seeded_trees_equal_seeded_plain():
@@ -436,24 +298,3 @@ def test_seeded_trees_equal_seeded_plain():
         target = FakeTreeModel(96, seed=1)
         out, st = run(target, [3, 4], sp, PositionalUniforms(seed), 30, TreeSpeculator(target))
         assert out == plain and st.n_drafted > 0
-
-
-def test_a_broken_tree_rule_is_caught(monkeypatch):
-    """The control: a rule that always keeps the first child's path fails the same chi-square test."""
-    import edgespec.speculate as spec_mod
-    from edgespec.tree import TreeVerdict, sample_at
-
-    def broken(tree, rows, rng):
-        path, node = [], -1
-        while tree.children(node):
-            node = tree.children(node)[0]
-            path.append(node)
-        return TreeVerdict(path, [tree.token(i) for i in path], sample_at(rows[node + 1], rng.random()), True)
-
-    monkeypatch.setattr(spec_mod, "accept_tree", broken)
-    sp = SamplingParams(temperature=1.0)
-    target = FakeTreeModel(64, seed=2)
-    exact = exact_distribution(target, [1, 2], sp, 3)
-    rng = np.random.default_rng(1)
-    samples = [tuple(run(target, [1, 2], sp, rng, 3, TreeSpeculator(target))[0]) for _ in range(4000)]
-    assert chi_square(samples, exact) < 1e-6
