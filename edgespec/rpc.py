@@ -225,13 +225,14 @@ def describe(endpoints: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[d
     out = []
     for ep in endpoints:
         devices = []
-        for dev in acquire([ep], timeout):
-            try:
+        devs = acquire([ep], timeout)
+        try:
+            for dev in devs:
                 free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
                 base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
                 devices.append({"name": (base.ggml_backend_dev_name(dev) or b"").decode(), "free": free.value, "total": total.value})
-            finally:
-                release([ep])
+        finally:
+            release([ep])
         version = _versions.get(ep)
         out.append({"endpoint": ep, "protocol": ".".join(map(str, version)) if version else None, "devices": devices})
     return out
