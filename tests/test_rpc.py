@@ -166,6 +166,16 @@ def test_speculative_with_a_local_draft_equals_plain(tiny, servers, local_greedy
 
 
 @needs_rpc
+def test_target_and_draft_on_one_server_share_it(tiny, servers, local_greedy):
+    """A server serves one client: the draft's layers on the target's server go over the same connection."""
+    t = backend.Model(ModelSpec(tiny["target"], n_ctx=512, n_batch=64, n_threads=1, rpc=servers[:1]))
+    d = backend.Model(ModelSpec(tiny["draft"], n_ctx=512, n_batch=64, n_threads=1, rpc=servers[:1]))
+    drafted: list[int] = []
+    assert _outputs(Engine(t, d, drafter="model", spec=FIXED, calibration=FLAT), GREEDY, drafted) == local_greedy
+    assert sum(drafted) > 0
+
+
+@needs_rpc
 def test_seeded_sampling_over_rpc_equals_the_local_run(tiny, servers):
     s = SamplingParams(temperature=0.9, top_k=20, seed=1234)
     assert _outputs(_engine(tiny, servers, draft=True, drafter="model"), s) == _outputs(_engine(tiny, draft=True, drafter="model"), s)
