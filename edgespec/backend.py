@@ -87,8 +87,11 @@ def default_threads() -> int:
 
 
 def gpu_offload_supported() -> bool:
+    """Whether this machine has a GPU to offload to (an RPC server's devices do not count)."""
     _init_llama()
-    return bool(C.llama_supports_gpu_offload())
+    from . import rpc
+
+    return rpc.local_gpu()
 
 
 class SpecialSplitter:
@@ -217,12 +220,22 @@ class Model:
         self._splitters: dict[bool, SpecialSplitter] = {}
 
         mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = spec.n_gpu_layers if spec.n_gpu_layers >= 0 else 999
+        ngl = spec.n_gpu_layers
+        self._rpc: tuple[str, ...] = ()
+        if spec.rpc:  # the layers go to the RPC servers' devices (then this machine's GPUs): rpc.py
+            from . import rpc
+
+            self._rpc_devices, _ = rpc.model_devices(spec.rpc)  # probed first: llama.cpp aborts on a server it cannot reach
+            self._rpc = spec.rpc
+            mparams.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
+            ngl = -1 if ngl == 0 else ngl
+        mparams.n_gpu_layers = ngl if ngl >= 0 else 999
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
             # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
         self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self._model:
+            self._free()
             raise BackendError(f"{spec.path}: llama.cpp could not load the model (run with EDGESPEC_VERBOSE=1 for its log)")
         if C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model):
             self.close()
@@ -233,7 +246,7 @@ class Model:
         self.n_threads = spec.n_threads or default_threads()
         # Threads follow the machine's load (threads.py) unless the user fixed them, or the weights are all on a GPU
         # (CPU threads then hardly matter and their timings say nothing about the load).
-        auto = spec.n_threads is None and not (spec.n_gpu_layers < 0 and C.llama_supports_gpu_offload())
+        auto = spec.n_threads is None and not (ngl < 0 and (spec.rpc or gpu_offload_supported()))
         cands = candidate_counts(self.n_threads) if auto else (self.n_threads,)
         self.tuner: ThreadTuner | None = ThreadTuner(cands) if len(cands) > 1 else None
         self._threads_now = self.n_threads
@@ -723,6 +736,11 @@ class Model:
             cache = self.__dict__.get("prompt_cache")
             if cache is not None:
                 cache.clear()
+            if self.__dict__.get("_rpc"):  # the model's connections to its RPC servers are closed now
+                from . import rpc
+
+                rpc.release(self._rpc)
+                self._rpc = ()
 
     def __enter__(self) -> "Model":
         return self

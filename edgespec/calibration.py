@@ -148,7 +148,9 @@ def model_key(model: Any) -> list[Any]:
     st = os.stat(model.spec.path)
     # the thread count the curve is measured at (backend: the one the tuner prefers now; tests may pass fakes)
     threads = getattr(model, "threads_now", model.n_threads)
-    return [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, threads, model.spec.n_gpu_layers, model.n_batch]
+    key = [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, threads, model.spec.n_gpu_layers, model.n_batch]
+    rpc = getattr(model.spec, "rpc", ())
+    return key + [list(rpc)] if rpc else key  # layers on RPC servers cost otherwise (a local run's key is unchanged)
 
 
 def entry_key(target: Any, draft: Any | None) -> str:

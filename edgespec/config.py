@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ MAX_SEED = 2**64 - 1
 MAX_JSON_DEPTH_ENV = "EDGESPEC_MAX_JSON_DEPTH"
 DEFAULT_MAX_JSON_DEPTH = 100
 MAX_JSON_DEPTH_CEILING = 500
+MAX_RPC_SERVERS = 16  # ggml-rpc's GGML_RPC_MAX_SERVERS
+_RPC_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")  # a host name or an IPv4 address (ggml-rpc has no IPv6)
 
 
 def check_int(name: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
@@ -51,6 +54,10 @@ class ModelSpec:
     n_ctx: context window in tokens (prompt + output).
     n_batch: largest number of tokens per llama_decode call (prefill is split into chunks of this size; a
         cancel request is seen between chunks).
+    rpc: llama.cpp RPC servers ("host:port", `edgespec rpc-server` on each host; a list, or one comma-separated
+        string) whose devices hold the model's layers, split by their free memory (with this machine's GPU, if
+        any, after them). With rpc, n_gpu_layers 0 (the default) or -1 puts every layer there; N > 0 puts N there
+        and keeps the rest on this machine's CPU. The protocol has no authentication: trusted networks only.
     """
 
     path: str
@@ -58,6 +65,7 @@ class ModelSpec:
     n_threads: int | None = None
     n_ctx: int = 4096
     n_batch: int = 512
+    rpc: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)):
@@ -68,6 +76,32 @@ class ModelSpec:
         if self.n_threads is not None:
             check_int("n_threads", self.n_threads, 1, 1024)
         check_int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
+        object.__setattr__(self, "rpc", check_rpc_endpoints(self.rpc))
+
+
+def split_rpc_endpoint(endpoint: str) -> tuple[str, int]:
+    """"host:port" as (host, port), else a ConfigError (ggml-rpc parses it the same way: host up to the colon)."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not _RPC_HOST.fullmatch(host) or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"an RPC server must be given as host:port (a host name or IPv4 address, a port in [1, 65535]), got {endpoint[:80]!r}")
+    return host, int(port)
+
+
+def check_rpc_endpoints(rpc: Any) -> tuple[str, ...]:
+    """RPC servers as a tuple of "host:port": a comma-separated string or a list/tuple of them; a ConfigError for a
+    bad one, a repeated one or more than MAX_RPC_SERVERS."""
+    if rpc is None:
+        return ()
+    if isinstance(rpc, str):
+        rpc = [p for p in rpc.split(",") if p.strip()]
+    if not isinstance(rpc, (list, tuple)) or not all(isinstance(e, str) for e in rpc):
+        raise ConfigError("rpc must be a list of \"host:port\" strings (or one comma-separated string)")
+    out = tuple("%s:%d" % split_rpc_endpoint(e) for e in rpc)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"an RPC server is listed twice: {', '.join(out)}")
+    if len(out) > MAX_RPC_SERVERS:
+        raise ConfigError(f"at most {MAX_RPC_SERVERS} RPC servers, got {len(out)}")
+    return out
 
 
 # the penalties' bound: far past any useful value, and small enough that penalised float32 logits stay finite
@@ -248,4 +282,4 @@ def check_stop(stop: Any) -> tuple[str, ...]:
 
 
 __all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "SpecConfig", "check_int", "check_stop",
-           "check_tree_fits", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV"]
+           "check_tree_fits", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV", "check_rpc_endpoints", "split_rpc_endpoint"]

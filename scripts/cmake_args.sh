@@ -7,6 +7,12 @@
 # never AMX: some VMs advertise AMX but fault on `tilezero`) and detect_cmake_args (adds Metal on Apple silicon,
 # CUDA where nvcc and a GPU visible to nvidia-smi exist), and cuda_cmake_args ARCH (a CUDA build for compute
 # capability ARCH, e.g. 90 for an H100/H200, made on any machine with nvcc, a GPU or not: EDGESPEC_CUDA_ARCH).
+# Every build has llama.cpp's RPC backend (rpc_cmake_args: libggml-rpc, loaded only when `--rpc`/`rpc-server` is used).
+
+# ggml's RPC backend (edgespec rpc-server, ModelSpec(rpc=...)): a separate library, nothing changes where it is unused
+rpc_cmake_args() {
+  echo "-DGGML_RPC=ON"
+}
 
 cpu_cmake_args() {
   local args=""
@@ -69,16 +75,16 @@ cuda_cmake_args() {
 detect_cmake_args() {
   local args=""
   if [ -n "${EDGESPEC_CUDA_ARCH:-}" ]; then  # a CUDA build asked for by name: it may be made for another machine
-    echo "$(cuda_cmake_args "$EDGESPEC_CUDA_ARCH") $(portable_cpu_cmake_args)"; return
+    echo "$(cuda_cmake_args "$EDGESPEC_CUDA_ARCH") $(portable_cpu_cmake_args) $(rpc_cmake_args)"; return
   fi
   if [ "$(uname -s)" = "Darwin" ]; then
-    [ "$(uname -m)" = "arm64" ] && args="-DGGML_METAL=on"
-    echo "$args"; return
+    [ "$(uname -m)" = "arm64" ] && args="-DGGML_METAL=on "
+    echo "$args$(rpc_cmake_args)"; return
   fi
   if command -v nvcc >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     args="-DGGML_CUDA=on "
   fi
-  args+="$(cpu_cmake_args)"
+  args+="$(cpu_cmake_args) $(rpc_cmake_args)"
   echo "$args"
 }
 

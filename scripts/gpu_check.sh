@@ -129,7 +129,7 @@ if [ "$HAVE_GPU" = 1 ]; then
   CC="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')"
   ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=${CC}-real -DGGML_CUDA_NCCL=OFF -DLLAVA_BUILD=OFF"
   ARGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
-  ARGS+=" -DLLAMA_OPENSSL=OFF $(. scripts/cmake_args.sh; cpu_cmake_args)"  # the host CPU's flags, as setup.sh sets them
+  ARGS+=" -DLLAMA_OPENSSL=OFF $(. scripts/cmake_args.sh; echo "$(cpu_cmake_args) $(rpc_cmake_args)")"  # as setup.sh sets them
   # cuBLAS: in the toolkit, or in Python's nvidia wheels (the toolkit of a pip-built image may lack it)
   NVCC_DIR="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
   CUBLAS="$(ls "$NVCC_DIR"/lib64/libcublas.so* "$NVCC_DIR"/targets/*/lib/libcublas.so* /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -1)"

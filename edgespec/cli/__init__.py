@@ -142,7 +142,8 @@ from .generate import generate  # noqa: E402
 from .info import info  # noqa: E402
 from .infill import infill  # noqa: E402
 from .models import models  # noqa: E402
+from .rpc_server import rpc_server  # noqa: E402
 from .serve import serve  # noqa: E402
 
-for _cmd in (info, generate, infill, chat, bench, models, serve):
+for _cmd in (info, generate, infill, chat, bench, models, serve, rpc_server):
     main.add_command(_cmd)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig
+from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig, check_rpc_endpoints
 from ..errors import EdgespecError
 from ..fsutil import read_regular_bytes
 from ..request import AUTO, DrafterKind, GenerationRequest, resolve_drafter
@@ -46,6 +46,11 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Target layers offloaded to the GPU (-1 = all)."),
         click.option("--draft-gpu-layers", type=click.IntRange(min=-1, max=100_000), default=None,
                      help="Draft layers on the GPU (default: as --n-gpu-layers)."),
+        click.option("--rpc", metavar="HOST:PORT,...", default=None,
+                     help="Put the target's layers on these llama.cpp RPC servers (`edgespec rpc-server` on each; "
+                          "no authentication: trusted networks only)."),
+        click.option("--draft-rpc", metavar="HOST:PORT,...", default=None,
+                     help="RPC servers for the draft's layers (default: the draft runs on this machine)."),
         click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None,
                      help="CPU threads, fixed (default: chosen while running by measured decode speed among all cores, "
                      "one fewer and half: it follows the machine's load)."),
@@ -109,6 +114,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     drafter = kw.pop("drafter")
     ngl, dgl = kw.pop("n_gpu_layers"), kw.pop("draft_gpu_layers")
     threads, n_ctx = kw.pop("threads"), kw.pop("n_ctx")
+    rpc, draft_rpc = check_rpc_endpoints(kw.pop("rpc")), check_rpc_endpoints(kw.pop("draft_rpc"))
     spec = SpecConfig(
         draft_max=kw.pop("draft_max"),
         adaptive=not kw.pop("fixed_k"),
@@ -139,12 +145,14 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         else:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
-            dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx)
+            dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx, rpc=draft_rpc)
         elif drafter != AUTO and DrafterKind(drafter).needs_draft_model:
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
     # auto: model+ngram with a draft model; an explicit --target without one: the free n-gram lookup
     kind = resolve_drafter(drafter, draft_model=dspec is not None, lookup_without_draft=target is not None)
-    tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx)
+    if draft_rpc and dspec is None:
+        click.echo("note: --draft-rpc is ignored: this run has no draft model", err=True)
+    tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx, rpc=rpc)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
     if (corpus or no_memory) and not kind.uses_tree:
         what = "--lookup-corpus" if corpus else "--no-memory"

@@ -21,16 +21,25 @@ def _threads() -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--rpc", metavar="HOST:PORT,...", default=None, help="Also show these RPC servers: their devices and free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def info(files: tuple[str, ...], as_json: bool) -> None:
-    """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired."""
+def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
+    """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired; with --rpc, the servers."""
+    from ..config import check_rpc_endpoints
     from ..gguf_check import check_pair, inspect_gguf
 
     if len(files) > 2:
         raise click.UsageError("give one file, or two (target then draft)")
+    endpoints = check_rpc_endpoints(rpc)
+    if not files and not endpoints:
+        raise click.UsageError("give a GGUF file (or two: target then draft), or --rpc HOST:PORT")
     infos = [inspect_gguf(f) for f in files]
     result: dict[str, Any] = {"files": [i.summary() for i in infos]}
+    if endpoints:
+        from .. import rpc as rpc_mod
+
+        result["rpc"] = rpc_mod.describe(endpoints)
     if len(infos) == 2:
         c = check_pair(infos[0], infos[1])
         result["compatible"] = c.ok
@@ -54,6 +63,10 @@ def info(files: tuple[str, ...], as_json: bool) -> None:
         t = result["threads"]
         out(f"threads: {t['mode']}, " + (f"the faster of {'/'.join(map(str, t['candidates']))} by measured decode speed (--threads N fixes it)"
                                           if t["mode"] == "auto" else f"{t['current']}"))
+        for server in result.get("rpc", []):
+            out(f"rpc {server['endpoint']}: protocol {server['protocol'] or '?'}, {len(server['devices'])} device(s)")
+            for d in server["devices"]:
+                out(f"  {d['name']:<12} {d['free'] / 2**20:,.0f} MiB free of {d['total'] / 2**20:,.0f} MiB")
         if len(infos) == 2:
             out("pair: " + ("compatible" if result["compatible"] else "INCOMPATIBLE: " + "; ".join(result["problems"])))
     if len(infos) == 2 and not result["compatible"]:

@@ -1,0 +1,285 @@
+"""The RPC half of the backend: llama.cpp's RPC servers (ggml-rpc) as devices for a model's layers.
+
+An `rpc-server` on each host (`edgespec rpc-server`, or llama.cpp's own) exposes that host's devices over TCP; this
+process registers them (ggml_backend_rpc_add_server) and backend.Model places the model's layers over them through
+llama_model_params.devices. Imported by backend.py and the CLI only; it reaches llama.cpp through backend's module.
+
+ggml-rpc ends the process (GGML_ABORT) when it cannot connect or the handshake fails, and a server serves one
+client at a time (a second one waits, silently, in its listen queue). So every endpoint is probed first, here in
+Python (`probe`: a TCP connect and the protocol's HELLO, bounded by a timeout), unless a model of this process
+already holds a connection to it: a server that is down, not an RPC server, of another protocol version, or busy
+with another client is one BackendError instead of a signal or a hang. What happens when a server dies after the
+probe (mid-load, mid-decode) is llama.cpp's: it still aborts (docs/rpc.md).
+
+The protocol has no authentication or encryption: servers must only listen on a trusted network.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import backend
+from .config import split_rpc_endpoint
+from .errors import BackendError
+
+C = backend.C
+PROTO_MAJOR, PROTO_MINOR = 7, 0  # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR of the llama.cpp this build vendors
+_CMD_HELLO = 14  # RPC_CMD_HELLO (fixed across versions)
+_CAPS = 24  # RPC_CONN_CAPS_SIZE: transport capabilities in the HELLO (all zero: plain TCP)
+PROBE_TIMEOUT = 10.0  # seconds a probe waits for the connection and for the HELLO's answer
+DEFAULT_PORT = 50052  # llama.cpp's rpc-server default
+_GPU, _IGPU = 1, 2  # enum ggml_backend_dev_type
+_NO_RPC = ("this llama-cpp-python build has no RPC backend (libggml-rpc): rebuild it with scripts/setup.sh, "
+           "which builds with -DGGML_RPC=ON (docs/setup.md)")
+
+
+def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[int, int, int]:
+    """Connect to an RPC server and exchange the HELLO, as llama.cpp would, then disconnect: its protocol version
+    (major, minor, patch), or a BackendError saying why llama.cpp could not use it."""
+    host, port = split_rpc_endpoint(endpoint)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except socket.timeout:
+        raise BackendError(f"RPC server {endpoint}: no connection within {timeout:g} s (is the host up and the port open?)") from None
+    except OSError as e:
+        raise BackendError(f"RPC server {endpoint} is not reachable: {e.strerror or e} "
+                           f"(start one there with `edgespec rpc-server --port {port}`)") from None
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(struct.pack("<BQ", _CMD_HELLO, _CAPS) + bytes(_CAPS))
+            size = struct.unpack("<Q", _recv(sock, 8))[0]
+            if size != 4 + _CAPS:
+                raise BackendError(f"{endpoint} is not a llama.cpp RPC server of protocol {PROTO_MAJOR}.x (bad HELLO answer)")
+            major, minor, patch = _recv(sock, size)[:3]
+        except socket.timeout:
+            raise BackendError(f"RPC server {endpoint} accepted the connection but did not answer within {timeout:g} s: a server "
+                               "serves one client at a time; is another client (another edgespec or llama.cpp) using it?") from None
+        except (OSError, EOFError) as e:
+            raise BackendError(f"RPC server {endpoint} closed the connection during the handshake ({getattr(e, 'strerror', None) or e}; "
+                               f"not a llama.cpp RPC server of protocol {PROTO_MAJOR}.x?)") from None
+    if major != PROTO_MAJOR or minor > PROTO_MINOR:
+        raise BackendError(f"RPC server {endpoint} speaks protocol {major}.{minor}.{patch}, this build {PROTO_MAJOR}.{PROTO_MINOR}: "
+                           "run the same llama.cpp version on both sides")
+    return int(major), int(minor), int(patch)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            raise EOFError("connection closed")
+        buf += part
+    return buf
+
+
+# ------------------------------------------------------------------------------------------- the libraries
+_LIBS: dict[str, Any] = {}
+_LOCK = threading.Lock()
+_users: dict[str, int] = {}  # endpoint -> live models holding its devices (their connection is open: no probe)
+_regs: dict[str, int] = {}  # endpoint -> its ggml_backend_reg_t (llama.cpp keeps them for the process's life)
+_versions: dict[str, tuple[int, int, int]] = {}  # endpoint -> the protocol its last probe reported
+
+
+def _open(name: str) -> Any:
+    """The copy of lib`name` that llama.cpp's libraries loaded (the wheel may hold several files of one library,
+    libggml-rpc.so and libggml-rpc.so.0: opened by another path, it would be a second copy with its own servers);
+    None when it is not loaded (for libggml-rpc: this build has no RPC backend)."""
+    noload = getattr(os, "RTLD_NOLOAD", 0)
+    d = Path(C.__file__).parent / "lib"
+    names = [f"lib{name}.so.0", f"lib{name}.0.dylib"] + [str(d / f) for f in (f"lib{name}.so", f"lib{name}.dylib")]
+    for n in names if noload else ():
+        try:
+            return ctypes.CDLL(n, mode=noload)
+        except OSError:
+            continue
+    if noload:
+        return None
+    for f in (f"{name}.dll", f"lib{name}.dll"):  # Windows: a DLL already loaded is found by its name
+        if (d / f).exists():
+            return ctypes.CDLL(str(d / f))
+    return None
+
+
+def _libs() -> dict[str, Any]:
+    """libggml-rpc, libggml and libggml-base (already loaded by llama.cpp: the same handles), with the signatures
+    used here; a BackendError when this build has no RPC backend."""
+    if _LIBS:
+        return _LIBS
+    try:
+        libs = {k: _open(k) for k in ("ggml-rpc", "ggml", "ggml-base")}
+        if any(v is None for v in libs.values()):
+            raise BackendError(_NO_RPC)
+        rpc, ggml, base = libs["ggml-rpc"], libs["ggml"], libs["ggml-base"]
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        for lib, fn, args, res in (
+            (rpc, "ggml_backend_rpc_add_server", [ctypes.c_char_p], vp),
+            (rpc, "ggml_backend_rpc_start_server", [ctypes.c_char_p, ctypes.c_char_p, sz, sz, ctypes.POINTER(vp)], None),
+            (ggml, "ggml_backend_dev_count", [], sz),
+            (ggml, "ggml_backend_dev_get", [sz], vp),
+            (base, "ggml_backend_dev_type", [vp], ctypes.c_int),
+            (base, "ggml_backend_dev_name", [vp], ctypes.c_char_p),
+            (base, "ggml_backend_dev_description", [vp], ctypes.c_char_p),
+            (base, "ggml_backend_dev_memory", [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None),
+            (base, "ggml_backend_dev_backend_reg", [vp], vp),
+            (base, "ggml_backend_reg_name", [vp], ctypes.c_char_p),
+            (base, "ggml_backend_reg_dev_count", [vp], sz),
+            (base, "ggml_backend_reg_dev_get", [vp, sz], vp),
+        ):
+            f = getattr(lib, fn)
+            f.argtypes, f.restype = args, res
+    except (OSError, AttributeError) as e:
+        raise BackendError(f"{_NO_RPC} ({e})") from None
+    _LIBS.update(libs)
+    return _LIBS
+
+
+def available() -> bool:
+    """Whether this llama.cpp build has the RPC backend."""
+    try:
+        _libs()
+    except BackendError:
+        return False
+    return True
+
+
+def _local_devices() -> list[int]:
+    """This machine's GPUs (integrated ones only where there is no discrete one), as llama.cpp's default list."""
+    libs = _libs()
+    ggml, base = libs["ggml"], libs["ggml-base"]
+    gpus: list[int] = []
+    igpus: list[int] = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        kind = base.ggml_backend_dev_type(dev)
+        if base.ggml_backend_reg_name(base.ggml_backend_dev_backend_reg(dev)) == b"RPC":
+            continue
+        if kind == _GPU:
+            gpus.append(dev)
+        elif kind == _IGPU and not igpus:
+            igpus.append(dev)
+    return gpus or igpus
+
+
+def local_gpu() -> bool:
+    """Whether this machine has a GPU llama.cpp can offload to (llama_supports_gpu_offload also says yes for a
+    build with the RPC backend alone)."""
+    if not available():
+        return bool(C.llama_supports_gpu_offload())
+    return bool(_local_devices())
+
+
+def acquire(endpoints: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[int]:
+    """Register the servers (each one probed first unless a live model of this process uses it) and return their
+    devices in order; `release` when the model that uses them is freed. BackendError when one cannot be used."""
+    libs = _libs()
+    rpc, base = libs["ggml-rpc"], libs["ggml-base"]
+    devs: list[int] = []
+    with _LOCK:
+        for ep in endpoints:
+            if not _users.get(ep):
+                _versions[ep] = probe(ep, timeout)  # llama.cpp would abort the process on a server it cannot reach
+            reg = _regs.get(ep)
+            if reg is None:
+                reg = rpc.ggml_backend_rpc_add_server(ep.encode())
+                if not reg:
+                    raise BackendError(f"RPC server {ep} reports no devices")
+                _regs[ep] = reg
+            devs += [base.ggml_backend_reg_dev_get(reg, i) for i in range(base.ggml_backend_reg_dev_count(reg))]
+        for ep in endpoints:
+            _users[ep] = _users.get(ep, 0) + 1
+    return devs
+
+
+def release(endpoints: Sequence[str]) -> None:
+    with _LOCK:
+        for ep in endpoints:
+            _users[ep] = max(0, _users.get(ep, 0) - 1)
+
+
+def model_devices(endpoints: Sequence[str]) -> tuple[Any, list[int]]:
+    """For llama_model_params.devices: the servers' devices, then this machine's GPUs, as a NULL-terminated array
+    (keep it alive until the model is loaded), and the list. The caller releases the endpoints."""
+    devs = acquire(endpoints)
+    try:
+        devs += _local_devices()
+    except BaseException:
+        release(endpoints)
+        raise
+    arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+    return arr, devs
+
+
+def describe(endpoints: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[dict[str, Any]]:
+    """What `edgespec info --rpc` shows: per server its protocol and devices (name, free and total memory)."""
+    libs = _libs()
+    base = libs["ggml-base"]
+    out = []
+    for ep in endpoints:
+        devices = []
+        devs = acquire([ep], timeout)
+        try:
+            for dev in devs:
+                free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+                base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+                devices.append({"name": (base.ggml_backend_dev_name(dev) or b"").decode(), "free": free.value, "total": total.value})
+        finally:
+            release([ep])
+        version = _versions.get(ep)
+        out.append({"endpoint": ep, "protocol": ".".join(map(str, version)) if version else None, "devices": devices})
+    return out
+
+
+def start_server(host: str, port: int, threads: int) -> threading.Thread:
+    """Start an RPC server on host:port with this machine's devices (its GPUs, else its CPU with `threads`
+    threads), as llama.cpp's rpc-server does, in a daemon thread (it serves until the process ends); returned
+    once it answers a probe. BackendError if it cannot listen there."""
+    libs = _libs()
+    ggml, base, rpc = libs["ggml"], libs["ggml-base"], libs["ggml-rpc"]
+    devs = [d for i in range(ggml.ggml_backend_dev_count())
+            if base.ggml_backend_dev_type(d := ggml.ggml_backend_dev_get(i)) in (_GPU, _IGPU)
+            and base.ggml_backend_reg_name(base.ggml_backend_dev_backend_reg(d)) != b"RPC"]
+    if not devs:
+        devs = [d for i in range(ggml.ggml_backend_dev_count()) if base.ggml_backend_dev_type(d := ggml.ggml_backend_dev_get(i)) == 0][:1]
+    if not devs:
+        raise BackendError("no device to serve (llama.cpp found no CPU backend)")
+    try:  # a port taken by another server (one that answers probes, even) is refused here, not mistaken for ours
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise BackendError(f"the RPC server cannot listen on {host}:{port}: {e.strerror or e}") from None
+    arr = (ctypes.c_void_p * len(devs))(*devs)
+    endpoint = f"{host}:{port}".encode()
+    t = threading.Thread(target=rpc.ggml_backend_rpc_start_server, args=(endpoint, None, threads, len(devs), arr),
+                         name="rpc-server", daemon=True)
+    t.start()
+    here = f"{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        if not t.is_alive():
+            raise BackendError(f"the RPC server could not listen on {host}:{port} (is the port taken?)")
+        try:
+            probe(here, 2.0)
+            return t
+        except BackendError:
+            if time.monotonic() > deadline:
+                raise BackendError(f"the RPC server on {host}:{port} did not answer within 30 s") from None
+            time.sleep(0.05)
+
+
+def device_names(devs: Sequence[int]) -> list[str]:
+    base = _libs()["ggml-base"]
+    return [(base.ggml_backend_dev_name(d) or b"?").decode() + " " + (base.ggml_backend_dev_description(d) or b"").decode() for d in devs]
+
+
+__all__ = ["probe", "available", "local_gpu", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
+           "DEFAULT_PORT", "PROTO_MAJOR", "PROTO_MINOR"]
