@@ -118,7 +118,8 @@ def test_greedy_identity_20_prompts(engine):
     identical, gaps = greedy_identity(engine, PROMPTS, every_run_drafts=True)
     # Seen on the AVX2 CPU: 9 identical, 11 parted at near-ties (gaps 0.001-0.204); on AVX-512 8 and 12 (gaps up to
     # 0.298). How many part varies with the machine's kernels; a floor catches a systematic fault that happens to
-    # land on near-ties: at least a quarter of the prompts must agree with plain decoding at every position (2026-12-03, AVX-512, teacher-forced, 48 tokens: 11 of 20).
+    # land on near-ties: at least a quarter of the prompts must agree with plain decoding at every position
+    # (2026-12-03, AVX-512, teacher-forced, 48 tokens: 11 of 20).
     print(f"\n{identical} identical, {len(gaps)} near-ties (gaps {[round(g, 3) for g in gaps]})")
     assert identical >= len(PROMPTS) // 4, f"only {identical} of {len(PROMPTS)} prompts identical"
 
