@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sstats
 
+from edgespec.config import SamplingParams
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,3 +48,16 @@ def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `code` (dedented) in a fresh Python process that imports this checkout's edgespec."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# The sampling settings every drafter is checked at: on the real tiny models (test_speculate) and on the fakes
+# (test_loop_laws).
+SETTINGS = {
+    "T0.7": SamplingParams(temperature=0.7),
+    "T1.0": SamplingParams(temperature=1.0),
+    "T1.5": SamplingParams(temperature=1.5),
+    "T1.0-topk3": SamplingParams(temperature=1.0, top_k=3),
+    "T1.0-topp0.8": SamplingParams(temperature=1.0, top_p=0.8),
+    "T1.5-minp0.1": SamplingParams(temperature=1.5, min_p=0.1),
+    "T1.0-repeat1.5": SamplingParams(temperature=1.0, repeat_penalty=1.5, repeat_last_n=8),
+}

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from shared import SETTINGS
 from fakes import FakeModel, FakeTreeModel, exact_distribution, generation_law, marginal, max_gap
 
 import edgespec.speculate as spec_mod
@@ -39,16 +40,6 @@ SEQ_LEN = 3
 PROMPT = [1, 2]
 FLAT = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.3}  # a verify curve on which drafting pays, frozen
 
-# The sampling settings every drafter is checked at (test_speculate's real-model settings, on the fakes).
-SETTINGS = {
-    "T0.7": SamplingParams(temperature=0.7),
-    "T1.0": SamplingParams(temperature=1.0),
-    "T1.5": SamplingParams(temperature=1.5),
-    "T1.0-topk3": SamplingParams(temperature=1.0, top_k=3),
-    "T1.0-topp0.8": SamplingParams(temperature=1.0, top_p=0.8),
-    "T1.5-minp0.1": SamplingParams(temperature=1.5, min_p=0.1),
-    "T1.0-repeat1.5": SamplingParams(temperature=1.0, repeat_penalty=1.5, repeat_last_n=8),
-}
 
 
 class Run:

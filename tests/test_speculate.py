@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from shared import chi_square
+from shared import SETTINGS, chi_square
 
 import edgespec.speculate as spec_mod
 from edgespec.acceptance import Verdict
@@ -160,15 +160,6 @@ def exact_distribution(target: Model, ctx: list[int], sp: SamplingParams, n: int
     return out
 
 
-SETTINGS = {
-    "T0.7": SamplingParams(temperature=0.7),
-    "T1.0": SamplingParams(temperature=1.0),
-    "T1.5": SamplingParams(temperature=1.5),
-    "T1.0-topk3": SamplingParams(temperature=1.0, top_k=3),
-    "T1.0-topp0.8": SamplingParams(temperature=1.0, top_p=0.8),
-    "T1.5-minp0.1": SamplingParams(temperature=1.5, min_p=0.1),
-    "T1.0-repeat1.5": SamplingParams(temperature=1.0, repeat_penalty=1.5, repeat_last_n=8),
-}
 SEEDS = {name: 1000 + i for i, name in enumerate(SETTINGS)}  # fixed: a failure replays exactly
 
 
