@@ -180,6 +180,9 @@ class SamplingParams:
 # what it says (each filter off unless set); the server fixes its own defaults where the OpenAI API does
 # (temperature 1.0, top_p 1.0, no top_k/min_p: docs/server.md).
 DEFAULT_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+# The server's defaults for a key a request leaves out: the OpenAI API fixes temperature 1.0 and top_p 1.0 and has no
+# top_k or min_p, and llama-server's /completion follows it here (schema reads these; /props reports them).
+API_SAMPLING = SamplingParams(temperature=1.0)
 
 
 @dataclass(frozen=True)
@@ -281,5 +284,5 @@ def check_stop(stop: Any) -> tuple[str, ...]:
     return tuple(s for s in stop if s)
 
 
-__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "SpecConfig", "check_int", "check_stop",
+__all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "API_SAMPLING", "SpecConfig", "check_int", "check_stop",
            "check_tree_fits", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV", "check_rpc_endpoints", "split_rpc_endpoint"]

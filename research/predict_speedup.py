@@ -75,11 +75,14 @@ sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to th
 from record_traces import continuation, continuation_with_alternatives  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
 from edgespec.learning import LearningState  # noqa: E402
+from edgespec.request import DrafterKind  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
 DEFAULT_SAMPLED = HERE / "data" / "traces_t1.json.gz"  # the sampled recording (T = 1.0 with the bench's settings)
-KINDS = ("model", "ngram", "model+ngram")  # the chain drafters (an oracle each) and the default set
-TREE_KINDS = ("suffix", "model+suffix")  # the suffix-index drafters: token trees (no oracle: it is over chains)
+# the chain drafters (an oracle each) and the default set; the suffix-index drafters: token trees (no oracle: it is over
+# chains). DrafterKind is a str Enum: its members are the report's keys as they are.
+KINDS = (DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM)
+TREE_KINDS = (DrafterKind.SUFFIX, DrafterKind.MODEL_SUFFIX)
 
 
 # --------------------------------------------------------------------------------------------- costs
@@ -1007,7 +1010,7 @@ def format_table(result: Mapping[str, Any], kinds: Sequence[str] = KINDS) -> str
 # --------------------------------------------------------------------------------------------- profiles
 DEFAULT_PROFILES = HERE / "data" / "curves"
 DEFAULT_RELATIVE = (0.3, 0.45, 0.6, 0.8)
-PROFILE_KINDS = ("model", "model+ngram")
+PROFILE_KINDS = (DrafterKind.MODEL, DrafterKind.MODEL_NGRAM)
 # issue 23's goals for the default drafter (model+ngram): against its oracle overall and in every suite, against plain
 # decoding in every suite, and where nothing pays (a profile whose name says Q4 on Metal)
 GOALS = {"overall_vs_oracle": 0.90, "suite_vs_oracle": 0.85, "suite_vs_plain": 0.98, "nothing_pays_vs_plain": 0.99}

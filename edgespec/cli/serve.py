@@ -197,7 +197,7 @@ def serve(**kw: Any) -> None:
 def _ended_quietly(app: Any) -> Any:
     """The app, where a request still running when uvicorn's graceful shutdown gives up on it (one waiting for a
     long tokenization in a worker thread) ends with a 503 (or its stream's end) instead of a logged traceback."""
-    from ..server.responses import error_response
+    from ..server.core import error_response
     from ..server.schema import APIError
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:

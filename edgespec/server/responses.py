@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from .. import __version__
 from ..structured import ToolCallSplitter, parse_tool_calls
 from . import sse
-from .core import api_error, error_response, send_json
+from .core import api_error, send_json
 from .schema import APIError, CompletionRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -411,6 +411,5 @@ def _finite(v: float) -> float:
     return v if v > -9999.0 else -9999.0
 
 
-# error_response is core's, named here too for edgespec/cli/serve.py
 __all__ = ["GenerationResponse", "header_safe", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats",
-           "FINISH", "error_response"]
+           "FINISH"]

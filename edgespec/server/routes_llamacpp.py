@@ -21,19 +21,20 @@ from dataclasses import replace
 from typing import Annotated, Any, Mapping
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
 
 from .. import __version__
+from ..config import API_SAMPLING
 from ..errors import ConfigError, EdgespecError, TemplateError
 from ..infill import ExtraChunk, indent_cut
 from ..request import DrafterKind
 from . import schema, sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, Bool, CompletionRequest, InfillInput, Num, Says, Str, bad, validate_body
+from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Num, Says, Str, bad, validate_body
 
 # llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
 COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
@@ -46,11 +47,7 @@ TOKENIZE_PIECES_MAX_BYTES = 2**20
 
 
 # --------------------------------------------------------------------------------------------- parsing
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-class LlamaBody(_Body):
+class LlamaBody(Body):
     """What /completion reads besides schema.CommonBody (llama-server's own fields; its wording of their errors)."""
 
     response_fields: Annotated[list[Str] | None, Says("response_fields must be an array of field names (a nested one as a/b)")] = None
@@ -66,7 +63,7 @@ class LlamaBody(_Body):
         return float(v) / 1000 if v is not None and v > 0 else None
 
 
-class ExtraFile(_Body):
+class ExtraFile(Body):
     text: Str = ""
     filename: Str = "tmp"
 
@@ -81,14 +78,14 @@ class InfillBody(LlamaBody):
                                                         item="{where} must be an object with string text and filename")] = None
 
 
-class TokenizeBody(_Body):
+class TokenizeBody(Body):
     content: Annotated[Str | None, Says("content must be a string")] = None
     add_special: Annotated[Bool | None, Says("add_special must be true or false")] = None
     parse_special: Annotated[Bool | None, Says("parse_special must be true or false")] = None
     with_pieces: Annotated[Bool | None, Says("with_pieces must be true or false")] = None
 
 
-class DetokenizeBody(_Body):
+class DetokenizeBody(Body):
     tokens: Annotated[list[Annotated[int, Strict()]] | None, Says("tokens must be an array of token ids")] = None
 
 
@@ -365,11 +362,12 @@ async def props(request: Request) -> Response:
     def text(tok: int) -> str:
         return t.token_bytes(tok, special=True).decode("utf-8", "replace") if 0 <= tok < t.n_vocab else ""
 
+    d = API_SAMPLING
     return JSON({
         "default_generation_settings": {
             "id": 0, "id_task": -1, "n_ctx": t.n_ctx, "speculative": eng.drafter_kind != DrafterKind.NONE, "is_processing": False,
-            "params": {"n_predict": -1, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": -1,
-                       "repeat_penalty": 1.0, "repeat_last_n": 64, "speculative.n_max": eng.spec.draft_max},
+            "params": {"n_predict": -1, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "seed": -1,
+                       "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n, "speculative.n_max": eng.spec.draft_max},
         },
         "total_slots": 1,
         "model_alias": state.model_id,

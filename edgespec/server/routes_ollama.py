@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
@@ -39,7 +39,7 @@ from . import schema, sse
 from . import core
 from .core import JSON, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
-from .schema import APIError, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
+from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 # options -> the OpenAI-style key schema reads
@@ -71,11 +71,9 @@ def ollama_error(e: APIError) -> Response:
 
 
 # --------------------------------------------------------------------------------------------- parsing
-class OllamaBody(BaseModel):
+class OllamaBody(Body):
     """The fields of /api/chat and /api/generate checked here (Ollama's wording of their errors); `options` are
     mapped by _options, `messages` and the rest by schema.parse_chat / parse_completion."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
 
     stream: Annotated[Bool | None, Says("stream must be true or false")] = None
     options: Annotated[dict[str, Any] | None, Says("options must be an object")] = None

@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import field_validator
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,7 +31,7 @@ from starlette.types import Send
 from . import schema, sse
 from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body
+from .schema import APIError, Body, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body
 
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
@@ -47,10 +47,8 @@ RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_outpu
 
 
 # --------------------------------------------------------------------------------------------- the request
-class ResponsesBody(BaseModel):
+class ResponsesBody(Body):
     """The Responses fields checked here; the others become chat completions keys (to_chat_body), checked there."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
 
     previous_response_id: Annotated[Str | None, Says("previous_response_id must be a string")] = None
     instructions: Annotated[Str | None, Says("instructions must be a string")] = None

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Mapping, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import MAX_SEED, SamplingParams
+from ..config import API_SAMPLING, MAX_SEED, SamplingParams
 from ..constraint import Constraint
 from ..errors import ConfigError
 from ..infill import ExtraChunk
@@ -154,15 +154,17 @@ Number = Annotated[Num | None, Field(allow_inf_nan=False), NUMBER]  # a range: A
 Integer = Annotated[Int | None, INTEGER]
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
+    """Every request body model: unknown keys are kept (reported in the ignored-parameters header), values frozen."""
+
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: Bool | None = None
 
 
-class CommonBody(_Body):
+class CommonBody(Body):
     """What chat completions and completions share (in the order they are checked); llama-server's and edgespec's
     own keys included. Constraints (response_format, json_schema, grammar, tools) are compiled by structured.py and
     constraint.py, the sampler chain by samplers.py."""
@@ -592,13 +594,14 @@ def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = Non
     if n_predict == 0 and mct is None and mt is None:
         raise bad("n_predict", "n_predict must be -1 or at least 1")
     chain = _sampler_chain(m.samplers)
-    temperature = 1.0 if m.temperature is None else m.temperature
-    top_p = 1.0 if m.top_p is None else m.top_p
+    d = API_SAMPLING
+    temperature = d.temperature if m.temperature is None else m.temperature
+    top_p = d.top_p if m.top_p is None else m.top_p
     if top_p == 0.0 and (chain is None or "top_p" in chain):  # only the most likely token survives: greedy
         temperature, top_p = 0.0, 1.0
         if chain is not None:  # greedy where top_p was (greedy overrides any temperature)
             chain = ["temperature" if n == "top_p" else n for n in chain if n != "temperature"]
-    repeat_last_n = 64 if m.repeat_last_n is None else m.repeat_last_n
+    repeat_last_n = d.repeat_last_n if m.repeat_last_n is None else m.repeat_last_n
 
     def given(v: float | None, default: float) -> float:
         return default if v is None else v
@@ -607,11 +610,11 @@ def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = Non
         sampling = SamplingParams(
             temperature=temperature,
             top_p=top_p,
-            top_k=max(0, m.top_k or 0),
-            min_p=given(m.min_p, 0.0),
-            repeat_penalty=given(m.repeat_penalty, 1.0),
-            presence_penalty=given(m.presence_penalty, 0.0),
-            frequency_penalty=given(m.frequency_penalty, 0.0),
+            top_k=max(0, m.top_k or d.top_k),
+            min_p=given(m.min_p, d.min_p),
+            repeat_penalty=given(m.repeat_penalty, d.repeat_penalty),
+            presence_penalty=given(m.presence_penalty, d.presence_penalty),
+            frequency_penalty=given(m.frequency_penalty, d.frequency_penalty),
             repeat_last_n=MAX_TOKENS_LIMIT if repeat_last_n == -1 else repeat_last_n,
             seed=None if m.seed in (None, -1) else m.seed,
         )
@@ -644,6 +647,6 @@ def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = Non
     )
 
 
-__all__ = ["APIError", "CompletionRequest", "InfillInput", "ignored_keys", "COMMON_KEYS", "UNSUPPORTED", "error_body", "parse_json",
+__all__ = ["Body", "APIError", "CompletionRequest", "InfillInput", "ignored_keys", "COMMON_KEYS", "UNSUPPORTED", "error_body", "parse_json",
            "parse_chat", "parse_completion", "bad", "unsupported", "CommonBody", "ChatBody", "CompletionBody", "StreamOptions",
            "validate_body", "validation_error", "Says", "Num", "Int", "Bool", "Str"]
