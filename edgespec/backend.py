@@ -225,6 +225,7 @@ class Model:
         if spec.rpc:  # the layers go to the RPC servers' devices (then this machine's GPUs): rpc.py
             from . import rpc
 
+            rpc.timeout()  # a bad EDGESPEC_RPC_TIMEOUT: one ConfigError now, before anything is held
             self._rpc_devices, _ = rpc.model_devices(spec.rpc)  # probed first: llama.cpp aborts on a server it cannot reach
             self._rpc = spec.rpc
             mparams.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
@@ -233,7 +234,8 @@ class Model:
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
             # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
-        self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
+        with self._remote("loading the model onto it", rpc.load_seconds(spec.path) if self._rpc else None):
+            self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self._model:
             self._free()
             raise BackendError(f"{spec.path}: llama.cpp could not load the model (run with EDGESPEC_VERBOSE=1 for its log)")
@@ -268,7 +270,8 @@ class Model:
         cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
         cparams.swa_full = True  # sliding-window models keep the full cache so that rollback is always possible
-        self._ctx = C.llama_init_from_model(self._model, cparams)
+        with self._remote("allocating the context"):
+            self._ctx = C.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             self.close()
             raise BackendError(f"{spec.path}: llama.cpp could not create a context of {n_ctx} tokens")
@@ -341,10 +344,19 @@ class Model:
         if t != self._threads_now:
             C.llama_set_n_threads(self._ctx, t, t)
             self._threads_now = t
-        rc = int(C.llama_decode(self._ctx, batch))
+        with self._remote("a decode"):
+            rc = int(C.llama_decode(self._ctx, batch))
         if tuner is not None and rc == 0:
             tuner.observe(t, n, time.perf_counter() - now, now)
         return rc
+
+    def _remote(self, what: str, seconds: float | None = None) -> Any:
+        """A call that talks to this model's RPC servers: under rpc.WATCHDOG (nothing for a local model)."""
+        if not self._rpc:
+            return contextlib.nullcontext()
+        from . import rpc
+
+        return rpc.WATCHDOG.watch(self._rpc, what, seconds)
 
     # ----------------------------------------------------------------- state
     @property
@@ -682,15 +694,17 @@ class Model:
         """Empty the cache (the prompt cache's snapshots stay)."""
         self._live()
         self.cached = []
-        C.llama_memory_clear(self._mem, True)
+        with self._remote("clearing the cache"):
+            C.llama_memory_clear(self._mem, True)
 
     # ----------------------------------------------------------------- snapshots
     def save_state(self) -> bytes:
         """The cache's contents (sequence 0) as bytes; restore with load_state(self.cached copy, data)."""
         self._live()
-        size = int(C.llama_state_seq_get_size(self._ctx, 0))
-        buf = (ctypes.c_uint8 * size)()
-        got = int(C.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        with self._remote("saving a cache snapshot"):
+            size = int(C.llama_state_seq_get_size(self._ctx, 0))
+            buf = (ctypes.c_uint8 * size)()
+            got = int(C.llama_state_seq_get_data(self._ctx, buf, size, 0))
         if got <= 0:
             raise BackendError("llama.cpp could not save the cache state")
         return bytes(memoryview(buf)[:got])
@@ -701,7 +715,9 @@ class Model:
         self._live()
         self.cached = []  # first: llama.cpp clears the sequence before it reads the snapshot
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if int(C.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) <= 0:
+        with self._remote("restoring a cache snapshot"):
+            ok = int(C.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) > 0
+        if not ok:
             C.llama_memory_seq_rm(self._mem, 0, 0, -1)
             return False
         self.cached = list(tokens)

@@ -8,8 +8,15 @@ ggml-rpc ends the process (GGML_ABORT) when it cannot connect or the handshake f
 client at a time (a second one waits, silently, in its listen queue). So every endpoint is probed first, here in
 Python (`probe`: a TCP connect and the protocol's HELLO, bounded by a timeout), unless a model of this process
 already holds a connection to it: a server that is down, not an RPC server, of another protocol version, or busy
-with another client is one BackendError instead of a signal or a hang. What happens when a server dies after the
-probe (mid-load, mid-decode) is llama.cpp's: it still aborts (docs/rpc.md).
+with another client is one BackendError instead of a signal or a hang.
+
+A server that dies or stalls after the probe (mid-load, mid-decode) cannot be survived inside this process: llama.cpp
+aborts on a broken connection and waits forever on a silent one, and its connection to that endpoint stays cached
+for the process's life. So from the first RPC model on, the process ends with one line instead (`lost`, exit code
+EXIT_RPC_LOST): llama.cpp's abort is caught by ggml's abort callback, and every call that talks to the servers
+(decodes, cache snapshots, the load) runs under a watchdog that ends it after EDGESPEC_RPC_TIMEOUT seconds
+(default 30; the load gets that plus a second per 5 MB of the file). `edgespec serve` run by a supervisor that
+restarts it on failure comes back on its own once the server does (docs/rpc.md).
 
 The protocol has no authentication or encryption: servers must only listen on a trusted network.
 """
@@ -22,12 +29,13 @@ import socket
 import struct
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 from . import backend
 from .config import split_rpc_endpoint
-from .errors import BackendError
+from .errors import BackendError, ConfigError
 
 C = backend.C
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR of the llama.cpp this build vendors
@@ -36,6 +44,9 @@ _CAPS = 24  # RPC_CONN_CAPS_SIZE: transport capabilities in the HELLO (all zero:
 PROBE_TIMEOUT = 10.0  # seconds a probe waits for the connection and for the HELLO's answer
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server default
 _GPU, _IGPU = 1, 2  # enum ggml_backend_dev_type
+TIMEOUT_ENV = "EDGESPEC_RPC_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0  # seconds a call to the servers may take before the process gives up on them
+EXIT_RPC_LOST = 1  # the CLI's exit code for an error (a supervisor restarts on any failure)
 _NO_RPC = ("this llama-cpp-python build has no RPC backend (libggml-rpc): rebuild it with scripts/setup.sh, "
            "which builds with -DGGML_RPC=ON (docs/setup.md)")
 
@@ -79,6 +90,108 @@ def _recv(sock: socket.socket, n: int) -> bytes:
             raise EOFError("connection closed")
         buf += part
     return buf
+
+
+# ------------------------------------------------------------------------------------------- lost servers
+_ABORT_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def timeout() -> float:
+    """EDGESPEC_RPC_TIMEOUT (seconds, > 0) or DEFAULT_TIMEOUT; a ConfigError for any other value."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        t = float(raw)
+    except ValueError:
+        t = 0.0
+    if not 0 < t <= 86400:
+        raise ConfigError(f"{TIMEOUT_ENV} must be a number of seconds in (0, 86400], got {raw[:40]!r}")
+    return t
+
+
+def lost(message: str) -> NoReturn:
+    """End the process with one line on stderr: an RPC server is gone and llama.cpp cannot go on without it."""
+    try:
+        os.write(2, f"Error: {message}\n".encode("utf-8", "replace"))
+    finally:
+        os._exit(EXIT_RPC_LOST)
+
+
+def _servers_text() -> str:
+    with _LOCK:
+        eps = sorted(ep for ep, n in _users.items() if n)
+    return ", ".join(eps) or "an RPC server"
+
+
+def _on_abort(msg: bytes | None) -> None:
+    """ggml's abort callback (from any thread, llama.cpp's own included): one line and exit, instead of SIGABRT."""
+    text = (msg or b"").decode("utf-8", "replace").strip()
+    where, _, what = text.partition(": ")
+    if "rpc" in where.lower() or "RPC" in what:
+        lost(f"the connection to RPC server {_servers_text()} broke ({what or text}); the model on it cannot go on: "
+             "restart edgespec once the server is back (docs/rpc.md)")
+    lost(f"llama.cpp stopped: {what or text}")
+
+
+_abort_handler: Any = None
+
+
+def _install_abort_handler() -> None:
+    global _abort_handler
+    if _abort_handler is None:
+        _abort_handler = _ABORT_CB(_on_abort)  # kept referenced for the process's life
+        _libs()["ggml-base"].ggml_set_abort_callback(_abort_handler)
+
+
+class Watchdog:
+    """Ends the process (`lost`) when a call to the RPC servers outlasts its timeout: one daemon thread, started
+    with the first watched call, that looks four times a second."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[float, float, tuple[str, ...], str]] = {}
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watch(self, endpoints: Sequence[str], what: str, seconds: float | None = None) -> Iterator[None]:
+        limit = timeout() if seconds is None else seconds
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._calls[key] = (time.monotonic() + limit, limit, tuple(endpoints), what)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rpc-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c in self._calls.values() if c[0] <= now]
+            if late:
+                _, limit, eps, what = late[0]
+                lost(f"RPC server {', '.join(eps)} did not answer within {limit:g} s ({what}): it stopped, stalled or "
+                     f"the network did; restart edgespec once it answers ({TIMEOUT_ENV} sets the limit; docs/rpc.md)")
+
+
+WATCHDOG = Watchdog()
+
+
+def load_seconds(path: str | os.PathLike[str]) -> float:
+    """The watchdog's limit for loading a model onto the servers: the timeout plus a second per 5 MB uploaded."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    return timeout() + size / 5e6
 
 
 # ------------------------------------------------------------------------------------------- the libraries
@@ -133,6 +246,7 @@ def _libs() -> dict[str, Any]:
             (base, "ggml_backend_reg_name", [vp], ctypes.c_char_p),
             (base, "ggml_backend_reg_dev_count", [vp], sz),
             (base, "ggml_backend_reg_dev_get", [vp, sz], vp),
+            (base, "ggml_set_abort_callback", [_ABORT_CB], _ABORT_CB),
         ):
             f = getattr(lib, fn)
             f.argtypes, f.restype = args, res
@@ -177,16 +291,17 @@ def local_gpu() -> bool:
     return bool(_local_devices())
 
 
-def acquire(endpoints: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[int]:
+def acquire(endpoints: Sequence[str], timeout_s: float = PROBE_TIMEOUT) -> list[int]:
     """Register the servers (each one probed first unless a live model of this process uses it) and return their
     devices in order; `release` when the model that uses them is freed. BackendError when one cannot be used."""
     libs = _libs()
     rpc, base = libs["ggml-rpc"], libs["ggml-base"]
+    _install_abort_handler()
     devs: list[int] = []
     with _LOCK:
         for ep in endpoints:
             if not _users.get(ep):
-                _versions[ep] = probe(ep, timeout)  # llama.cpp would abort the process on a server it cannot reach
+                _versions[ep] = probe(ep, timeout_s)  # llama.cpp would abort the process on a server it cannot reach
             reg = _regs.get(ep)
             if reg is None:
                 reg = rpc.ggml_backend_rpc_add_server(ep.encode())
@@ -218,18 +333,19 @@ def model_devices(endpoints: Sequence[str]) -> tuple[Any, list[int]]:
     return arr, devs
 
 
-def describe(endpoints: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[dict[str, Any]]:
+def describe(endpoints: Sequence[str], timeout_s: float = PROBE_TIMEOUT) -> list[dict[str, Any]]:
     """What `edgespec info --rpc` shows: per server its protocol and devices (name, free and total memory)."""
     libs = _libs()
     base = libs["ggml-base"]
     out = []
     for ep in endpoints:
         devices = []
-        devs = acquire([ep], timeout)
+        devs = acquire([ep], timeout_s)
         try:
             for dev in devs:
                 free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-                base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+                with WATCHDOG.watch([ep], "asked for its free memory", timeout_s):
+                    base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
                 devices.append({"name": (base.ggml_backend_dev_name(dev) or b"").decode(), "free": free.value, "total": total.value})
         finally:
             release([ep])
@@ -281,5 +397,6 @@ def device_names(devs: Sequence[int]) -> list[str]:
     return [(base.ggml_backend_dev_name(d) or b"?").decode() + " " + (base.ggml_backend_dev_description(d) or b"").decode() for d in devs]
 
 
-__all__ = ["probe", "available", "local_gpu", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
+__all__ = ["probe", "available", "timeout", "lost", "WATCHDOG", "Watchdog", "load_seconds", "TIMEOUT_ENV", "DEFAULT_TIMEOUT",
+           "EXIT_RPC_LOST", "local_gpu", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
            "DEFAULT_PORT", "PROTO_MAJOR", "PROTO_MINOR"]

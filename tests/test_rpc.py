@@ -8,6 +8,7 @@ tests that use one are skipped, saying so, unless EDGESPEC_REQUIRE_RPC=1 (CI) ma
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -244,6 +245,86 @@ def test_rpc_server_refuses_a_taken_port_and_warns_off_loopback(servers):
     assert r.returncode == 1 and "no authentication or encryption" in r.stderr and "cannot listen" in r.stderr
     r = _cli("rpc-server", "--host", "localhost", timeout=60)
     assert r.returncode == 2 and "IPv4" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------- servers lost after the load
+_LOADED_CHILD = """
+import sys
+from edgespec import backend
+from edgespec.calibration import Calibration
+from edgespec.config import ModelSpec, SamplingParams, SpecConfig
+from edgespec.engine import Engine
+t = backend.Model(ModelSpec({target!r}, n_ctx=512, n_batch=64, n_threads=1, rpc=[{endpoint!r}]))
+eng = Engine(t, None, drafter="none", spec=SpecConfig(draft_max=4, adaptive=False), calibration=Calibration({{1: 1e-3, 16: 1.05e-3}}, 2e-4, "fixed"))
+print("loaded", flush=True)
+sys.stdin.readline()
+r = eng.generate("hello the", sampling=SamplingParams(temperature=0), max_tokens=64)
+print("finished", len(r.token_ids), flush=True)
+"""
+
+
+def _loaded_child(tiny, endpoint: str, rpc_timeout: str) -> subprocess.Popen:
+    """A process that loads the tiny target onto `endpoint`, says "loaded", and generates once a line arrives."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), rpc.TIMEOUT_ENV: rpc_timeout}
+    child = subprocess.Popen([sys.executable, "-c", _LOADED_CHILD.format(target=str(tiny["target"]), endpoint=endpoint)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    if line.strip() != "loaded":
+        child.kill()
+        raise AssertionError(f"the child did not load: {line!r} {child.communicate(timeout=30)[1][-2000:]}")
+    return child
+
+
+def _lost(child: subprocess.Popen, limit: float) -> tuple[str, float]:
+    """Let the child generate; it must end by itself within `limit` seconds: exit code 1, not a signal, one line."""
+    t0 = time.monotonic()
+    out, err = child.communicate("go\n", timeout=limit + 60)
+    took = time.monotonic() - t0
+    assert child.returncode == rpc.EXIT_RPC_LOST == 1, (child.returncode, err[-2000:])
+    assert "finished" not in out and "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err[-2000:]
+    return lines[0], took
+
+
+@needs_rpc
+def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
+    """llama.cpp aborts (SIGABRT, a core dump) when a server's connection breaks mid-generation: ggml's abort callback
+    turns that into one line and exit code 1."""
+    server = Server()
+    try:
+        child = _loaded_child(tiny, server.endpoint, "30")
+        server.stop()  # killed: its connection is closed under the loaded model
+        line, took = _lost(child, 30)
+        assert f"RPC server {server.endpoint}" in line and "broke" in line and "restart edgespec" in line
+    finally:
+        server.stop()
+
+
+@needs_rpc
+def test_a_server_that_stalls_ends_the_process_within_the_timeout(tiny):
+    """A server that stops answering (SIGSTOP: its socket stays open, nothing comes back) would hold llama.cpp's
+    decode forever: the watchdog ends the process after EDGESPEC_RPC_TIMEOUT (2 s here)."""
+    server = Server()
+    try:
+        child = _loaded_child(tiny, server.endpoint, "2")
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        line, took = _lost(child, 2)
+        assert f"RPC server {server.endpoint} did not answer within 2 s (a decode)" in line and rpc.TIMEOUT_ENV in line
+        assert took < 2 + 10  # the limit plus the watchdog's quarter-second look and the process's start of generation
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()
+
+
+def test_a_bad_rpc_timeout_is_one_config_error(tiny, monkeypatch):
+    for bad in ("abc", "0", "-5", "1e9"):
+        monkeypatch.setenv(rpc.TIMEOUT_ENV, bad)
+        with pytest.raises(ConfigError, match=rpc.TIMEOUT_ENV):
+            backend.Model(ModelSpec(tiny["target"], n_ctx=64, rpc=("127.0.0.1:1",)))
+    monkeypatch.setenv(rpc.TIMEOUT_ENV, "2.5")
+    assert rpc.timeout() == 2.5 and rpc.load_seconds(tiny["target"]) > 2.5
 
 
 def test_rpc_probe_needs_no_library():
