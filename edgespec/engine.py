@@ -6,9 +6,11 @@
         for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
             print(chunk.text, end="")
 
-One worker thread owns the llama.cpp contexts. `stream()` queues a generation (FIFO; callers never interleave)
-and returns a `Generation` handle at once: iterate it (or `async for`), `cancel()` it from any thread (it stops
-within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`. Several
+One worker thread owns the llama.cpp contexts. `stream()` queues a generation (FIFO, but a short one, an infill or
+at most SHORT_TOKENS tokens, runs at the running generation's next cycle boundary when that one has more to go:
+its cache is set aside in host memory and restored after, so its output is unchanged) and returns a `Generation`
+handle at once: iterate it (or `async for`), `cancel()` it from any thread (it stops within one speculative cycle,
+or between prefill chunks), `close()` it, or ask for its `result()`. Several
 conversations share the engine without losing their KV cache: a snapshot of what a conversation left in the cache
 is kept in host memory (backend.PromptCache) and restored when it comes back, so only its new tokens are decoded.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -51,6 +54,9 @@ from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
+# A generation of at most this many tokens (or any infill) is short: it runs at the running generation's next cycle
+# boundary when that one has more tokens to go (an editor's completion, a chat's title), instead of after it.
+SHORT_TOKENS = 64
 # Costs are measured once, at load (cached per machine), and then learnt from the decodes generation does anyway
 # (costs.VerifyCurve follows a change of the machine's load within a few cycles): nothing is measured inside a
 # request. The thread count of each model follows the load the same way (threads.py, in the backend).
@@ -485,7 +491,8 @@ class Engine:
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        job = Job(lambda j: self._run(j, plan, stats, ids, texts))
+        short = request.short if request.short is not None else request.infill is not None or request.max_tokens <= SHORT_TOKENS
+        job = Job(lambda j: self._run(j, plan, stats, ids, texts), size=request.max_tokens, short=short)
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
 
@@ -599,13 +606,14 @@ class Engine:
         steps: Generator[Step, None, None] = speculate(
             self.target, plan.ctx, sampling, rng, max_tokens=req.max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=req.on_prefill,
-            constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs,
+            constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs, clock=job.clock,
         )
         decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in (self.target, self.draft) if m is not None}
         try:
             for step in steps:
                 if self._emit(job, step, detok, ids, texts):
                     break
+                self._let_shorter_run(job, req.max_tokens - len(ids))
             else:
                 tail = detok.flush()
                 if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
@@ -619,6 +627,30 @@ class Engine:
                 stats.controller = speculator.stats()
             self.learning.end_generation(speculator, kind, spec, cost)
             stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
+
+    def _let_shorter_run(self, job: Job, remaining: int) -> None:
+        """At a cycle boundary of `job`: run a queued short generation that has fewer tokens to go (Worker.
+        take_shorter) inside it. Both models' caches are saved to host memory first and restored after, token for
+        token and byte for byte, so `job` goes on from exactly where it was (the same logits: the same output); the
+        time it waited is left out of its timings (Job.clock)."""
+        other = self._worker.take_shorter(remaining)
+        if other is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            saved = [(m, list(m.cached), m.save_state() if m.n_past else b"") for m in (self.target, self.draft) if m is not None]
+        except BaseException:
+            self._worker.put_back(other)
+            raise
+        try:
+            self._worker.run_nested(other)
+        finally:
+            for m, tokens, data in saved:
+                if not data:
+                    m.reset()
+                elif not m.load_state(tokens, data):
+                    raise BackendError(f"{m.name}: llama.cpp could not restore the cache after a shorter request ran")
+            job.paused += time.perf_counter() - t0
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
         """Hand a step's text to the caller: its accepted draft tokens, then the target's own, each pushed token by

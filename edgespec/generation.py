@@ -49,10 +49,16 @@ class Result:
 class Job:
     """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
 
-    def __init__(self, run: Callable[["Job"], Any], on_dropped: Callable[[], None] | None = None) -> None:
-        """``on_dropped`` is called (on the worker) instead of ``run`` when the job is cancelled before it starts."""
+    def __init__(self, run: Callable[["Job"], Any], on_dropped: Callable[[], None] | None = None, *,
+                 size: int | None = None, short: bool = False) -> None:
+        """``on_dropped`` is called (on the worker) instead of ``run`` when the job is cancelled before it starts.
+        size: the most tokens a generation job may generate (None: not a generation); short: it may run inside a
+        generation with more than `size` tokens still to go (Worker.take_shorter)."""
         self._run = run
         self._on_dropped = on_dropped
+        self.size = size
+        self.short = short
+        self.paused = 0.0  # seconds this job spent suspended while a shorter one ran (its clock leaves them out)
         self.cancel_event = threading.Event()
         self.done = threading.Event()
         self.started = False
@@ -70,6 +76,10 @@ class Job:
     def cancel(self) -> None:
         self.cancel_event.set()
         self._wake()
+
+    def clock(self) -> float:
+        """perf_counter without the time this job was suspended: the generation's timings and rates are its own."""
+        return time.perf_counter() - self.paused
 
     def push(self, chunk: Chunk) -> None:
         with self.lock:
@@ -115,7 +125,10 @@ class Job:
 
 
 class Worker:
-    """One thread, one FIFO queue of jobs. A cancelled queued job never starts."""
+    """One thread, one FIFO queue of jobs. A cancelled queued job never starts. A short generation job (Job.short)
+    does not wait behind a long one: the running generation offers the worker each cycle boundary
+    (take_shorter), and a queued short job with fewer tokens to generate than it has left runs there, inside it
+    (one level deep: a job running inside another is not interrupted; the first such job in queue order)."""
 
     def __init__(self, max_queue: int | None) -> None:
         self.max_queue = max_queue
@@ -123,6 +136,7 @@ class Worker:
         self._cond = threading.Condition()
         self._closed = False
         self.current: Job | None = None
+        self.nested: Job | None = None  # a short job running inside `current` (take_shorter)
         self.thread = threading.Thread(target=self._loop, name="edgespec-engine", daemon=True)
         self.thread.start()
 
@@ -142,6 +156,37 @@ class Worker:
             job.worker_thread = self.thread
             self._queue.append(job)
             self._cond.notify_all()
+
+    def take_shorter(self, remaining: int) -> Job | None:
+        """For the running generation at a cycle boundary, with up to `remaining` tokens still to go: the first
+        queued short job that generates fewer, taken off the queue (run it with run_nested), or None."""
+        with self._cond:
+            if self.nested is not None or self._closed or threading.current_thread() is not self.thread:
+                return None
+            for job in self._queue:
+                if job.short and job.size is not None and job.size < remaining and not job.cancel_event.is_set():
+                    self._queue.remove(job)
+                    self.nested = job
+                    return job
+        return None
+
+    def put_back(self, job: Job) -> None:
+        """A job taken by take_shorter that will not run inside the current one after all: first in the queue."""
+        with self._cond:
+            self.nested = None
+            self._queue.appendleft(job)
+            self._cond.notify_all()
+
+    def run_nested(self, job: Job) -> None:
+        """Run a job taken by take_shorter, here in the worker thread, inside the current one."""
+        try:
+            job.run()
+        except Exception:  # as in _loop: one job's bookkeeping never ends the one it ran inside
+            pass
+        finally:
+            with self._cond:
+                self.nested = None
+                self._cond.notify_all()
 
     def _loop(self) -> None:
         while True:
@@ -169,8 +214,9 @@ class Worker:
             self._closed = True
             for job in self._queue:
                 job.cancel()
-            if self.current is not None:
-                self.current.cancel()
+            for running in (self.current, self.nested):
+                if running is not None:
+                    running.cancel()
             self._cond.notify_all()
         if threading.current_thread() is not self.thread:
             self.thread.join()

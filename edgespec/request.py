@@ -126,6 +126,9 @@ class GenerationRequest:
     drafter: a DrafterKind (or its name) for this request, one the engine can run; None = the engine's.
     spec: other speculation settings for this request (e.g. a lower draft_max); None = the engine's.
     on_prefill: called as on_prefill(done, total) from the engine's thread after each prefill chunk.
+    short: whether it may run at a cycle boundary of a longer generation instead of after it (its output is the
+        same either way): None = the engine decides (an infill, or max_tokens <= engine.SHORT_TOKENS); True for
+        an interactive request that must not wait (an editor's completion); False = strictly in queue order.
     """
 
     prompt: str | None = None
@@ -142,6 +145,7 @@ class GenerationRequest:
     drafter: DrafterKind | str | None = None  # kept as a DrafterKind
     spec: SpecConfig | None = None
     on_prefill: Callable[[int, int], None] | None = field(default=None, compare=False)
+    short: bool | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -190,6 +194,8 @@ class GenerationRequest:
             raise ConfigError("spec must be a SpecConfig")
         if self.on_prefill is not None and not callable(self.on_prefill):
             raise ConfigError("on_prefill must be callable")
+        if self.short is not None and not isinstance(self.short, bool):
+            raise ConfigError("short must be True, False or None")
 
 
 __all__ = ["AUTO", "DrafterKind", "GenerationRequest", "InfillPrompt", "KIND_NAMES", "parse_drafter", "resolve_drafter"]

@@ -14,7 +14,7 @@ from edgespec import ConfigError, EngineClosedError, QueueFullError
 from edgespec.calibration import Calibration
 from edgespec.chat import ChatSession
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.engine import SHORT_TOKENS, Engine
 from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN
 from tiny import SPECIAL_TOKENS, token_id, write_tiny_model
 from test_policy_decision import DESKTOP, draft_cost_at
@@ -340,7 +340,7 @@ def test_a_closed_event_loop_does_not_kill_the_engine(tiny):
     try:
         busy = e.stream("abc", sampling=GREEDY, max_tokens=LONG)
         next(iter(busy))
-        gen = e.astream("abc", sampling=GREEDY, max_tokens=8)
+        gen = e.astream("abc", sampling=GREEDY, max_tokens=SHORT_TOKENS + 8)  # not short: it stays queued behind `busy`
         loop = asyncio.new_event_loop()
 
         async def consume() -> None:

@@ -9,6 +9,7 @@ server must answer what the library answers)."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 import httpx
@@ -148,6 +149,31 @@ def test_llama_vim_completion_answers_only_the_fields_it_asks(srv):
     assert set(j) == set(VIM_RESPONSE_FIELDS)  # flattened keys as llama-server writes them: what llama.vim reads
     assert j["timings/prompt_n"] > 0 and j["truncated"] is False and isinstance(j["content"], str)
     assert r.headers[IGNORED_HEADER] == "t_max_prompt_ms"  # the infill sampler is applied
+
+
+def test_an_editors_completion_does_not_wait_behind_a_long_generation(srv, engine):
+    """llama.vim's /infill (n_predict 128) posted while a 1,500-token generation holds the engine: it runs at that
+    generation's next cycle boundary (GenerationRequest(short=True), test_short_first.py) and answers before it
+    ends, instead of after."""
+    import threading
+
+    from edgespec.request import GenerationRequest
+
+    go = threading.Event()
+    long = engine.start(GenerationRequest(prompt="def long(x):", sampling=GREEDY, max_tokens=1500,
+                                          on_prefill=lambda d, t: go.wait(30)))  # holds the worker until `go`
+    answer: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: answer.append(srv.post("/infill", vim_fim("def f(a):\n    ", "\n", "", EXTRA, indent=4))))
+    t.start()
+    deadline = time.monotonic() + 30
+    while engine.pending < 1 and time.monotonic() < deadline:  # the infill is queued behind the held generation
+        time.sleep(0.01)
+    go.set()
+    t.join(60)
+    done_before = long.done
+    assert answer and answer[0].status_code == 200, answer
+    assert not done_before  # answered while the long generation still had tokens to go
+    assert len(long.result(timeout=120).token_ids) == 1500
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

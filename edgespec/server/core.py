@@ -1,6 +1,6 @@
 """The server's core, which every route calls: its state (the engine, the request records, the Responses store),
 reading a request body, sending JSON, and the one generate path (`generate`: parse in a worker thread, tokenize,
-check the context, queue `Engine.stream`). The route modules (routes_openai, routes_llamacpp, routes_ollama,
+check the context, queue the request with `Engine.start`). The route modules (routes_openai, routes_llamacpp, routes_ollama,
 routes_responses) translate their wire format to a `schema.CompletionRequest` and a response writer
 (responses.GenerationResponse or a subclass) and call `generate`; this module imports none of them.
 
@@ -324,6 +324,7 @@ def prepare(state: ServerState, req: CompletionRequest) -> tuple[Any, list[int],
         gen = eng.start(GenerationRequest(
             tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative,
             constraint=req.constraint, logprobs=req.logprobs, spec=request_spec(eng, req),
+            short=True if req.infill is not None else None,  # an editor's completion never waits behind a chat answer
         ))
     except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
         raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
