@@ -67,7 +67,7 @@ async def metrics(request: Request) -> Response:
     state = server_state(request)
     eng = state.engine
     pending = eng.pending if eng is not None and not eng.closed else 0
-    running = max(0, min(1, state.metrics.in_flight - pending))
+    running = max(0, min(2, state.metrics.in_flight - pending))  # a short request may run inside a long one
     text = state.metrics.render(queue_length=pending, running=running, loaded=eng is not None)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -68,7 +68,7 @@ class Metrics:
         metric("seconds_total", "counter", "Engine time by phase (queue = waiting for the engine).",
                [({"phase": k}, self.seconds.get(k, 0.0)) for k in ("queue", "prefill", "draft", "target", "wall")])
         metric("queue_length", "gauge", "Generations waiting for the engine.", [({}, queue_length)])
-        metric("requests_running", "gauge", "Generations the engine is working on (0 or 1).", [({}, running)])
+        metric("requests_running", "gauge", "Generations the engine is working on (0-2: a short one may run inside a long one).", [({}, running)])
         metric("requests_in_flight", "gauge", "Generation requests being answered (queued or running).", [({}, self.in_flight)])
         metric("cancel_overrun_tokens_max", "gauge", "Most tokens a cancelled generation produced after its cancel (one cycle at most).",
                [({}, self.cancel_overrun_max)])
