@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a real pseudo-terminal and process: make test runs it, make test-fast does not
+
 pexpect = pytest.importorskip("pexpect")
 
 EXE = Path(sys.executable).with_name("edgespec")

@@ -210,6 +210,7 @@ def test_tokenize_route_bounds_its_content(fim_engine):
         assert r.status_code == 400 and "at most" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_close_leaves_the_release_to_a_long_call_in_progress(tmp_path, monkeypatch):
     """One llama.cpp call on a long plain text: close() returns after CLOSE_WAIT, no call starts after it, and the
     model is freed when the call ends."""

@@ -180,6 +180,7 @@ def test_the_recorder_on_tiny_models(tiny):
     assert len(errs) == len(trace) and max(errs) < 2e-3, max(errs)
 
 
+@pytest.mark.slow
 def test_committed_sampled_recording():
     path = ps.DEFAULT_SAMPLED
     if not path.exists():
