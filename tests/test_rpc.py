@@ -289,6 +289,7 @@ def _lost(child: subprocess.Popen, limit: float) -> tuple[str, float]:
 
 
 @needs_rpc
+@pytest.mark.slow  # child processes and a server killed or stopped: make test runs it, make test-fast does not
 def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
     """llama.cpp aborts (SIGABRT, a core dump) when a server's connection breaks mid-generation: ggml's abort callback
     turns that into one line and exit code 1."""
@@ -303,6 +304,7 @@ def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
 
 
 @needs_rpc
+@pytest.mark.slow  # child processes and a server killed or stopped: make test runs it, make test-fast does not
 def test_a_server_that_stalls_ends_the_process_within_the_timeout(tiny):
     """A server that stops answering (SIGSTOP: its socket stays open, nothing comes back) would hold llama.cpp's
     decode forever: the watchdog ends the process after EDGESPEC_RPC_TIMEOUT (2 s here)."""

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from edgespec.server.guards import check_api_key
+from serve_process import ServeProcess  # the server process harness (the benchmarks use it too)
 
 # real server processes, signals and timeouts: seconds each; make test runs them, make test-fast does not
 pytestmark = pytest.mark.slow
-
-from serve_process import ServeProcess  # the server process harness (the benchmarks use it too)
 
 KEY = "clé-ü-🔑"
 
