@@ -1,4 +1,5 @@
-"""The only module that imports llama_cpp.
+"""llama.cpp's model API: the one module that calls it for models, contexts and decoding (llama.py loads the
+library; rpc.py places layers on RPC servers).
 
 `Model` owns one llama.cpp model + context + batch and the single sequence in its KV cache. Its state is the list
 of token ids the cache holds, `cached` (n_past = its length). `decode(tokens, start_pos, rows)` appends tokens at
@@ -38,17 +39,11 @@ from .gguf_check import GGUFInfo, inspect_gguf
 from .infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
 from .threads import ThreadTuner, candidate_counts
-
-try:  # after the pure imports on purpose: this is the one place
-    import llama_cpp as C  # noqa: E402
-except (RuntimeError, OSError) as _e:  # llama_cpp raises RuntimeError when libllama (or a library it needs) cannot load
-    raise BackendError(
-        f"llama.cpp's library could not be loaded ({str(_e).splitlines()[0] if str(_e) else type(_e).__name__}); a CUDA "
-        "build needs the CUDA runtime and cuBLAS libraries on the library path: rebuild for this machine with "
-        "scripts/setup.sh (docs/setup.md)"
-    ) from None
+from . import rpc
+from .llama import C  # after the pure imports on purpose: loading the library can fail (one BackendError)
 
 _LOG_CB = None
+_LOCAL_CALL = contextlib.nullcontext()  # reusable: what Model._remote gives a local model's calls
 _INIT_LOCK = threading.Lock()
 # tokens that text parsed with parse_special becomes (llama.cpp matches control and unknown ones only then; unused
 # ones too, to be safe): what a message content must never turn into
@@ -89,8 +84,6 @@ def default_threads() -> int:
 def gpu_offload_supported() -> bool:
     """Whether this machine has a GPU to offload to (an RPC server's devices do not count)."""
     _init_llama()
-    from . import rpc
-
     return rpc.local_gpu()
 
 
@@ -222,10 +215,9 @@ class Model:
         mparams = C.llama_model_default_params()
         ngl = spec.n_gpu_layers
         self._rpc: tuple[str, ...] = ()
+        self._rpc_timeout = 0.0  # seconds a call to the RPC servers may take (rpc.WATCHDOG), read once at load
         if spec.rpc:  # the layers go to the RPC servers' devices (then this machine's GPUs): rpc.py
-            from . import rpc
-
-            rpc.timeout()  # a bad EDGESPEC_RPC_TIMEOUT: one ConfigError now, before anything is held
+            self._rpc_timeout = rpc.timeout()  # a bad EDGESPEC_RPC_TIMEOUT: one ConfigError now, before anything is held
             self._rpc_devices, _ = rpc.model_devices(spec.rpc)  # probed first: llama.cpp aborts on a server it cannot reach
             self._rpc = spec.rpc
             mparams.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
@@ -234,7 +226,7 @@ class Model:
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
             # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
-        with self._remote("loading the model onto it", rpc.load_seconds(spec.path) if self._rpc else None):
+        with self._remote("loading the model onto it", rpc.load_seconds(spec.path, self._rpc_timeout) if self._rpc else None):
             self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self._model:
             self._free()
@@ -351,12 +343,11 @@ class Model:
         return rc
 
     def _remote(self, what: str, seconds: float | None = None) -> Any:
-        """A call that talks to this model's RPC servers: under rpc.WATCHDOG (nothing for a local model)."""
+        """A call that talks to this model's RPC servers: under rpc.WATCHDOG for `seconds` (default: the model's
+        EDGESPEC_RPC_TIMEOUT); nothing for a local model (every decode asks)."""
         if not self._rpc:
-            return contextlib.nullcontext()
-        from . import rpc
-
-        return rpc.WATCHDOG.watch(self._rpc, what, seconds)
+            return _LOCAL_CALL
+        return rpc.WATCHDOG.watch(self._rpc, what, self._rpc_timeout if seconds is None else seconds)
 
     # ----------------------------------------------------------------- state
     @property
@@ -753,8 +744,6 @@ class Model:
             if cache is not None:
                 cache.clear()
             if self.__dict__.get("_rpc"):  # the model's connections to its RPC servers are closed now
-                from . import rpc
-
                 rpc.release(self._rpc)
                 self._rpc = ()
 

@@ -2,7 +2,7 @@
 
 An `rpc-server` on each host (`edgespec rpc-server`, or llama.cpp's own) exposes that host's devices over TCP; this
 process registers them (ggml_backend_rpc_add_server) and backend.Model places the model's layers over them through
-llama_model_params.devices. Imported by backend.py and the CLI only; it reaches llama.cpp through backend's module.
+llama_model_params.devices. Imported by backend.py and the CLI only; it takes llama.cpp's bindings from llama.py.
 
 ggml-rpc ends the process (GGML_ABORT) when it cannot connect or the handshake fails, and a server serves one
 client at a time (a second one waits, silently, in its listen queue). So every endpoint is probed first, here in
@@ -33,11 +33,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Sequence
 
-from . import backend
 from .config import split_rpc_endpoint
 from .errors import BackendError, ConfigError
+from .llama import C
 
-C = backend.C
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR of the llama.cpp this build vendors
 _CMD_HELLO = 14  # RPC_CMD_HELLO (fixed across versions)
 _CAPS = 24  # RPC_CONN_CAPS_SIZE: transport capabilities in the HELLO (all zero: plain TCP)
@@ -155,12 +154,11 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watch(self, endpoints: Sequence[str], what: str, seconds: float | None = None) -> Iterator[None]:
-        limit = timeout() if seconds is None else seconds
+    def watch(self, endpoints: Sequence[str], what: str, seconds: float) -> Iterator[None]:
         with self._lock:
             key = self._next
             self._next += 1
-            self._calls[key] = (time.monotonic() + limit, limit, tuple(endpoints), what)
+            self._calls[key] = (time.monotonic() + seconds, seconds, tuple(endpoints), what)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rpc-watchdog", daemon=True)
                 self._thread.start()
@@ -185,13 +183,13 @@ class Watchdog:
 WATCHDOG = Watchdog()
 
 
-def load_seconds(path: str | os.PathLike[str]) -> float:
-    """The watchdog's limit for loading a model onto the servers: the timeout plus a second per 5 MB uploaded."""
+def load_seconds(path: str | os.PathLike[str], timeout_s: float) -> float:
+    """The watchdog's limit for loading a model onto the servers: `timeout_s` plus a second per 5 MB uploaded."""
     try:
         size = os.path.getsize(path)
     except OSError:
         size = 0
-    return timeout() + size / 5e6
+    return timeout_s + size / 5e6
 
 
 # ------------------------------------------------------------------------------------------- the libraries

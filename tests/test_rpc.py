@@ -326,7 +326,7 @@ def test_a_bad_rpc_timeout_is_one_config_error(tiny, monkeypatch):
         with pytest.raises(ConfigError, match=rpc.TIMEOUT_ENV):
             backend.Model(ModelSpec(tiny["target"], n_ctx=64, rpc=("127.0.0.1:1",)))
     monkeypatch.setenv(rpc.TIMEOUT_ENV, "2.5")
-    assert rpc.timeout() == 2.5 and rpc.load_seconds(tiny["target"]) > 2.5
+    assert rpc.timeout() == 2.5 and rpc.load_seconds(tiny["target"], 2.5) > 2.5
 
 
 def test_rpc_probe_needs_no_library():

@@ -1,0 +1,18 @@
+"""The only module that imports llama_cpp (the llama-cpp-python bindings): `C`, the ctypes bindings of llama.cpp, for
+backend.py (models, contexts, decoding) and rpc.py (the RPC backend's libraries beside it). A library that cannot
+load (a CUDA build without its runtime on the library path) is one BackendError, not an ImportError's traceback."""
+
+from __future__ import annotations
+
+from .errors import BackendError
+
+try:
+    import llama_cpp as C
+except (RuntimeError, OSError) as _e:  # llama_cpp raises RuntimeError when libllama (or a library it needs) cannot load
+    raise BackendError(
+        f"llama.cpp's library could not be loaded ({str(_e).splitlines()[0] if str(_e) else type(_e).__name__}); a CUDA "
+        "build needs the CUDA runtime and cuBLAS libraries on the library path: rebuild for this machine with "
+        "scripts/setup.sh (docs/setup.md)"
+    ) from None
+
+__all__ = ["C"]
