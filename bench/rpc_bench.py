@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,43 +28,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent), str(ROOT / "tests")]  # this checkout; the proxy; the server fixture
 
 from delay_proxy import DelayProxy  # noqa: E402
+from rpc_process import RpcServer  # noqa: E402
 
 from edgespec.models import resolve_model  # noqa: E402
 from edgespec.paths import cache_dir  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RpcServer:
-    """One `edgespec rpc-server` child on 127.0.0.1; stop() kills it."""
-
-    def __init__(self, threads: int) -> None:
-        self.port = _free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgespec", "rpc-server", "--port", str(self.port), "--threads", str(threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 60
-        line = ""
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            line = self.proc.stderr.readline()
-            if "listening on" in line:
-                return
-        self.stop()
-        raise SystemExit(f"rpc-server did not start: {line.strip()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
 
 
 def run_delay(rtt_ms: float, servers: list[RpcServer], a: argparse.Namespace, target: Path, draft: Path) -> dict[str, Any]:
@@ -129,7 +98,7 @@ def main() -> None:
     target, draft = resolve_model(None, "target"), resolve_model(None, "draft")
     delays = [float(x) for x in a.delays.split(",")]
     results: dict[float, dict[str, Any]] = {}
-    servers = [RpcServer(a.server_threads) for _ in range(2)]
+    servers = [RpcServer(threads=a.server_threads) for _ in range(2)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             a.prompts_file = str(Path(tmp) / "prompts.jsonl")

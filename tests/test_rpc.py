@@ -23,6 +23,7 @@ from edgespec.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.errors import BackendError, ConfigError
+from rpc_process import RpcServer, free_port
 from shared import ROOT, run_child
 
 GREEDY = SamplingParams(temperature=0)
@@ -36,50 +37,16 @@ if not rpc.available() and os.environ.get("EDGESPEC_REQUIRE_RPC") == "1":
 needs_rpc = pytest.mark.skipif(not rpc.available(), reason=NO_RPC)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-class Server:
-    """One `edgespec rpc-server` child on 127.0.0.1 (started, waited for at most 60 s, always killed)."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.endpoint = f"127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgespec", "rpc-server", "--port", str(self.port), "--threads", "1"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stderr is not None
-        line = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and self.proc.poll() is None:  # the line comes once the server answers a probe
-            line = self.proc.stderr.readline()
-            if "listening on" in line:
-                break
-        if "listening on" not in line:
-            self.stop()
-            raise AssertionError(f"rpc-server on {self.endpoint} did not start: {line!r}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def servers():
-    started: list[Server] = []
+    started: list[RpcServer] = []
     try:
-        started = [Server(), Server()]
+        started = [RpcServer(), RpcServer()]
         yield [s.endpoint for s in started]
     finally:
         for s in started:
@@ -195,7 +162,7 @@ def test_the_cli_runs_the_target_over_rpc(tiny, servers):
 @needs_rpc
 def test_an_unreachable_server_is_one_error_not_an_abort(tiny):
     """llama.cpp aborts the process (SIGABRT) on a server it cannot connect to: the probe says so first."""
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     r = run_child(f"""
         from edgespec import backend
         from edgespec.config import ModelSpec
@@ -293,7 +260,7 @@ def _lost(child: subprocess.Popen, limit: float) -> tuple[str, float]:
 def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
     """llama.cpp aborts (SIGABRT, a core dump) when a server's connection breaks mid-generation: ggml's abort callback
     turns that into one line and exit code 1."""
-    server = Server()
+    server = RpcServer()
     try:
         child = _loaded_child(tiny, server.endpoint, "30")
         server.stop()  # killed: its connection is closed under the loaded model
@@ -308,7 +275,7 @@ def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
 def test_a_server_that_stalls_ends_the_process_within_the_timeout(tiny):
     """A server that stops answering (SIGSTOP: its socket stays open, nothing comes back) would hold llama.cpp's
     decode forever: the watchdog ends the process after EDGESPEC_RPC_TIMEOUT (2 s here)."""
-    server = Server()
+    server = RpcServer()
     try:
         child = _loaded_child(tiny, server.endpoint, "2")
         os.kill(server.proc.pid, signal.SIGSTOP)
@@ -332,7 +299,7 @@ def test_a_bad_rpc_timeout_is_one_config_error(tiny, monkeypatch):
 def test_rpc_probe_needs_no_library():
     """The probe is plain Python sockets: it says why a port is unusable even where this build has no RPC."""
     with pytest.raises(BackendError, match="not reachable"):
-        rpc.probe(f"127.0.0.1:{_free_port()}", timeout=2)
+        rpc.probe(f"127.0.0.1:{free_port()}", timeout=2)
 
 
 
