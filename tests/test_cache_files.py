@@ -134,7 +134,7 @@ def test_every_cache_file_that_is_not_a_file_is_dropped_in_a_child_process(tmp_p
             put(d / "model.gguf.verified")
             mf = store.ModelFile(role="target", file="model.gguf", size=10, sha256="0" * 64, parts=())
             assert store._check(model, mf) == store.NO_RECORD, kind
-            assert store._write_record(model, "0" * 64) and store._check(model, mf) is None, kind  # rebuilt
+            assert store.write_record(model, "0" * 64) and store._check(model, mf) is None, kind  # rebuilt
             if kind in ODD:
                 with try_lock(put(d / ".locks" / "model.gguf.lock")) as got:
                     assert got, kind

@@ -71,9 +71,9 @@ WRITERS = {
                     "for i in range(50): cal.store(f'key{i}', cal.Calibration({n: 0.01 * n for n in range(1, 64)}, 0.01, 'measured'))"),
     "model record": ("from edgespec.models import store\n"
                      "m = work / 'm.gguf'; m.write_bytes(b'GGUF' + bytes(1000))\n"
-                     "store._write_record(m, '0' * 64)\n"
+                     "store.write_record(m, '0' * 64)\n"
                      "old = store._record_path(m)",
-                     "store._write_record(m, '1' * 64 + 'x' * 5000)"),
+                     "store.write_record(m, '1' * 64 + 'x' * 5000)"),
     "suffix memory": ("from edgespec.suffix_index import SuffixIndex\n"
                       "ix = SuffixIndex(); ix.add_document(list(range(20)))\n"
                       "old = work / 'memory.bin'; ix.save(old)",

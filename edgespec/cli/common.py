@@ -167,7 +167,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
             raise KeyboardInterrupt
         for path in corpus:
             for f in _corpus_files(path):
-                eng.remember(_read_corpus_file(f), source=str(f))
+                eng.remember(read_corpus_file(f), source=str(f))
     except BaseException:
         eng.close()
         raise
@@ -213,7 +213,7 @@ def _corpus_files(path: str) -> list[Path]:
         raise EdgespecError(f"cannot read the lookup corpus {path}: {e.strerror or e}") from None
 
 
-def _read_corpus_file(f: Path) -> str:
+def read_corpus_file(f: Path) -> str:
     """A corpus file's text: a regular file of at most CORPUS_MAX_FILE bytes, else one clear error."""
     try:
         data = read_regular_bytes(f, CORPUS_MAX_FILE)  # a FIFO is refused before any read: nothing waits for a writer
@@ -291,5 +291,6 @@ __all__ = [
     "make_request",
     "load_engine",
     "read_stdin_text",
+    "read_corpus_file",
     "out",
 ]

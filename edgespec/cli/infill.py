@@ -9,7 +9,7 @@ import click
 
 from ..errors import EdgespecError
 from ..request import InfillPrompt
-from .common import print_generation, _read_corpus_file, load_engine, make_request, model_options, read_stdin_text, sampling_options
+from .common import print_generation, read_corpus_file, load_engine, make_request, model_options, read_stdin_text, sampling_options
 
 MARKER = "<CURSOR>"
 
@@ -41,13 +41,13 @@ def infill(file: str | None, **kw: Any) -> None:
             text = read_stdin_text()
         else:
             try:
-                text = _read_corpus_file(Path(file))
+                text = read_corpus_file(Path(file))
             except EdgespecError as e:
                 raise click.UsageError(str(e).replace("lookup corpus", "file")) from None
         if not marker or text.count(marker) != 1:
             raise click.UsageError(f"FILE must contain the cursor marker {marker!r} exactly once (found {text.count(marker) if marker else 0})")
         prefix, suffix = text.split(marker)
-    chunks = tuple((p, _read_corpus_file(Path(p))) for p in extra)
+    chunks = tuple((p, read_corpus_file(Path(p))) for p in extra)
     request = make_request(kw, infill=InfillPrompt(prefix or "", suffix or "", extra=chunks))
     as_json = kw.pop("as_json")
     with load_engine(kw) as eng:

@@ -32,7 +32,7 @@ from edgespec.errors import ModelsError
 from .index import NET_ERRORS, IndexFile, find_index_wheel, net_error, open_url, resolve_index_url, wheel_stem
 from .locks import lock, lock_path
 from .manifest import ModelFile, Pair, Part, get_pair, role_file
-from .store import _drop_record, _fsync_dir, _verify, _write_record, clean_leftovers, models_dir
+from .store import clean_leftovers, drop_record, fsync_dir, models_dir, verify_file, write_record
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -250,11 +250,11 @@ def _assemble(mf: ModelFile, dest: Path, *, dirs: list[Path] | None, base: str, 
         got = file_hash.hexdigest()
         if got != mf.sha256:
             raise ModelsError(f"sha256 mismatch for assembled {mf.file}: got {got[:12]}…, expected {mf.sha256[:12]}…")
-        _drop_record(dest)  # the old record must not vouch for the new file before it is written
+        drop_record(dest)  # the old record must not vouch for the new file before it is written
         os.replace(partial, dest)
         ok = True  # checked and in place: a signal from here on leaves a good file (a missing record means one rehash)
-        _fsync_dir(cache)
-        _write_record(dest, got)
+        fsync_dir(cache)
+        write_record(dest, got)
     except OSError as e:
         where = getattr(e, "filename", None) or cache
         raise ModelsError(f"pull of {mf.file} failed: {e.strerror or e} ({where})") from None
@@ -343,7 +343,7 @@ def pull(
             mf = p.roles[role]
             dest = cache / mf.file
             with lock(lock_path(cache, mf.file)):
-                if force or not _verify(dest, mf, rehash=False):
+                if force or not verify_file(dest, mf, rehash=False):
                     _assemble(mf, dest, dirs=dirs, base=base, progress=progress)
             out[role] = dest
     return out

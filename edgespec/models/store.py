@@ -95,7 +95,7 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_size, a.st_mtime_ns, a.st_ino) == (b.st_size, b.st_mtime_ns, b.st_ino)
 
 
-def _write_record(path: Path, sha256: str, *, expect: os.stat_result | None = None) -> bool:
+def write_record(path: Path, sha256: str, *, expect: os.stat_result | None = None) -> bool:
     """Record that ``path`` (as it is now) hashes to ``sha256``; atomic. False (nothing written) when the file is not
     the one ``expect`` describes, or changed while it was sampled."""
     st = path.stat()
@@ -113,7 +113,7 @@ def _write_record(path: Path, sha256: str, *, expect: os.stat_result | None = No
     return True
 
 
-def _drop_record(path: Path) -> None:
+def drop_record(path: Path) -> None:
     with contextlib.suppress(OSError):
         _record_path(path).unlink()
     clear_odd_file(_record_path(path))  # an empty folder
@@ -158,7 +158,7 @@ def _upgrade_record(path: Path, mf: ModelFile) -> None:
     with contextlib.suppress(OSError):
         st = path.stat()
         if _check(path, mf) == LEGACY:
-            _write_record(path, mf.sha256, expect=st)
+            write_record(path, mf.sha256, expect=st)
 
 
 def _record_ok(path: Path, mf: ModelFile) -> bool:
@@ -166,7 +166,7 @@ def _record_ok(path: Path, mf: ModelFile) -> bool:
     return _check(path, mf) in (None, LEGACY)
 
 
-def _verify(path: Path, mf: ModelFile, *, rehash: bool) -> bool:
+def verify_file(path: Path, mf: ModelFile, *, rehash: bool) -> bool:
     """Is ``path`` the manifest's file? Uses the record unless ``rehash`` (or the record does not vouch for it); a
     successful hash (re)writes the record, a failed one deletes it. Call with the file's lock held."""
     if not path.is_file():
@@ -184,15 +184,15 @@ def _verify(path: Path, mf: ModelFile, *, rehash: bool) -> bool:
     except OSError:
         return False
     if not ok:
-        _drop_record(path)
+        drop_record(path)
         return False
     try:
-        return _write_record(path, mf.sha256, expect=st)
+        return write_record(path, mf.sha256, expect=st)
     except OSError:
         return True  # a read-only cache: the file is good, the record just cannot be kept
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     """Make a rename in ``d`` durable (POSIX; a no-op where directories cannot be opened)."""
     with contextlib.suppress(OSError, AttributeError):
         fd = os.open(d, os.O_RDONLY)
@@ -227,7 +227,7 @@ def status(pair: str | Pair | None = None, *, verify: bool = False) -> dict[str,
     for role, mf in p.roles.items():
         path = d / mf.file
         present = path.is_file()
-        verified = present and (_verify(path, mf, rehash=True) if verify else _record_ok(path, mf))
+        verified = present and (verify_file(path, mf, rehash=True) if verify else _record_ok(path, mf))
         out[role] = RoleStatus(p.name, role, mf.file, mf.size, mf.sha256, path, present, verified)
     return out
 
@@ -281,12 +281,12 @@ def verify(pair: str | Pair | None = None) -> tuple[list[FileCheck], list[Path]]
                     else:
                         sha = _sha256_file(path)
                         bad = "" if sha == mf.sha256 else f"sha256 {sha[:12]}…, the manifest says {mf.sha256[:12]}…"
-                    if not bad and not _write_record(path, mf.sha256, expect=st):
+                    if not bad and not write_record(path, mf.sha256, expect=st):
                         bad = "it changed while it was being hashed"
                 except OSError as e:
                     bad = f"cannot read it: {e.strerror or e}"
                 if bad:
-                    _drop_record(path)
+                    drop_record(path)
                     result("MISMATCH", f"{bad}; run `{p.pull_command('--force')}`")
                 else:
                     result("verified")
@@ -375,6 +375,10 @@ def resolve_model(name_or_path: PathLike | None, role: str) -> Path:
 
 
 __all__ = [
+    "write_record",
+    "drop_record",
+    "verify_file",
+    "fsync_dir",
     "SAMPLE_BLOCK",
     "SAMPLE_COUNT",
     "RoleStatus",
