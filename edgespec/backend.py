@@ -23,18 +23,20 @@ truncated (recurrent / hybrid architectures) are refused up front.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import ModelSpec, check_tree_fits
+from .config import MAX_SEQUENCES, ModelSpec, check_slots_fit, check_tree_fits
 from .constraint import Vocabulary
-from .errors import BackendError, ContextFullError, EngineClosedError, StopRequested
+from .errors import BackendError, ConfigError, ContextFullError, EngineClosedError, StopRequested
 from .gguf_check import GGUFInfo, inspect_gguf
 from .infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
@@ -187,6 +189,50 @@ class _VocabUse:
         return True
 
 
+@dataclass(frozen=True)
+class DecodePart:
+    """One view's share of a batched decode (Model.decode_parts): a chain of `tokens` appended at the view's n_past
+    (start_pos, when given, must equal it) with logits for `rows`; or, with depths and seq_ids, a token tree laid out
+    as for decode_tree."""
+
+    view: "Model"
+    tokens: Sequence[int]
+    rows: Sequence[int] = (-1,)
+    start_pos: int | None = None
+    depths: Sequence[int] | None = None
+    seq_ids: Sequence[Sequence[int]] | None = None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (MemAvailable; None where the system does not say)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fit_parallel(spec: ModelSpec, most: int, tree_paths: int) -> int:
+    """The most slots, up to `most`, whose sequences one context allows (config.check_slots_fit), at least 1."""
+    per = 1 + tree_paths
+    return max(1, min(most, MAX_SEQUENCES // per, min(spec.n_batch, spec.n_ctx) // per))
+
+
+def check_cache_memory(need: int, parallel: int, n_ctx: int) -> None:
+    """ConfigError, before llama.cpp allocates, when a cache of `need` bytes (parallel slots of n_ctx tokens) would
+    take more than 90% of the memory the machine has available (llama.cpp would fail, or the system kill us later)."""
+    have = available_memory()
+    if have is not None and need > 0.9 * have:
+        gib = 2**30
+        raise ConfigError(
+            f"{parallel} slot(s) of {n_ctx} tokens need a {need / gib:.1f} GiB KV cache, but this machine has "
+            f"{have / gib:.1f} GiB available: lower parallel (--parallel) or the context (--ctx-size)"
+        )
+
+
 def _bad_row(r: int, n: int) -> int:
     raise BackendError(f"logits row {r} is outside the {n} tokens decoded")
 
@@ -199,10 +245,20 @@ class Model:
     (a long text is tokenized in pieces: close waits for one piece, and the rest raises EngineClosedError).
     """
 
-    def __init__(self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0, tree_paths: int = 0) -> None:
+    def __init__(
+        self, spec: ModelSpec, info: GGUFInfo | None = None, *, prompt_cache_bytes: int = 0, tree_paths: int = 0,
+        parallel: int = 1,
+    ) -> None:
         if tree_paths > 0:
             check_tree_fits(spec, int(tree_paths))  # before loading: llama.cpp aborts the process on a smaller batch
+        auto = parallel < 0  # -n: as many slots as fit, up to n
+        if auto:
+            parallel = fit_parallel(spec, -int(parallel), int(tree_paths))
+        check_slots_fit(spec, int(parallel), int(tree_paths))
         self.spec = spec
+        self._primary = self  # a slot view (slot()) points at the Model that owns the context
+        self._seq = 0  # this view's main llama.cpp sequence; its tree paths are _seq + 1 .. _seq + tree_paths
+        self.parallel = int(parallel)
         self.info = info if info is not None else inspect_gguf(spec.path)
         _init_llama()
         self._closing = False
@@ -247,8 +303,18 @@ class Model:
         self._pinned = False
         n_ctx = spec.n_ctx
         n_batch = min(spec.n_batch, n_ctx)
+        if not (ngl != 0 and (spec.rpc or gpu_offload_supported())):  # the cache lives in this machine's memory
+            try:
+                per_slot = self.kv_bytes_per_token() * n_ctx
+                have = available_memory()
+                if auto and have is not None:  # the default: no more slots than a quarter of the free memory holds
+                    self.parallel = max(1, min(self.parallel, int(0.25 * have) // max(1, per_slot)))
+                check_cache_memory(per_slot * self.parallel, self.parallel, n_ctx)
+            except BaseException:
+                self.close()
+                raise
         cparams = C.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx * self.parallel  # every slot may hold n_ctx cells (one unified cache for all)
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         # tree_paths > 0: token trees are verified with one sequence per root-to-leaf path (1..tree_paths) beside the
@@ -256,8 +322,9 @@ class Model:
         self.tree_paths = max(0, int(tree_paths))
         self._tree: tuple[int, int] | None = None  # (start, paths) of the last decode_tree
         self._tree_seqs = False  # tree sequences may hold cells (from decode_tree until they are dropped)
-        cparams.n_seq_max = 1 + self.tree_paths
-        cparams.kv_unified = self.tree_paths > 0
+        # each slot s holds sequences s * (1 + tree_paths) .. s * (1 + tree_paths) + tree_paths
+        cparams.n_seq_max = self.parallel * (1 + self.tree_paths)
+        cparams.kv_unified = cparams.n_seq_max > 1
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -277,11 +344,13 @@ class Model:
         self.add_bos = bool(C.llama_vocab_get_add_bos(self._vocab))
         # every id of the vocabulary through ctypes costs ~0.1 s on a 152k vocabulary: acceptable once per load
         self.eog_ids = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._vocab, i))
-        self._batch = C.llama_batch_init(n_batch, 0, 1 + self.tree_paths)
-        # Every slot belongs to sequence 0; set once. Token/pos/logits arrays are numpy views over the C batch.
+        self._batch = C.llama_batch_init(n_batch, 0, cparams.n_seq_max)
+        # Every batch entry belongs to one sequence, 0 at first; _batch_seq mirrors the entries' sequence ids so that a
+        # decode rewrites only those that differ (_use_seq). Token/pos/logits arrays are numpy views over the C batch.
         for i in range(n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+        self._batch_seq = np.zeros(n_batch, dtype=np.int32)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
         self._want = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
@@ -291,6 +360,41 @@ class Model:
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+        self._slots: list[Model] = [self]
+
+    # ----------------------------------------------------------------- slots
+    def slot(self, i: int) -> "Model":
+        """Slot i's view of this context (0 <= i < parallel): the same model, vocabulary, batch and prompt cache,
+        with its own sequences and its own `cached` tokens. Slot 0 is this object. Every method works on a view as
+        on the model, for that slot's sequences alone; closing a view does nothing (the owner frees the context)."""
+        primary = self._primary
+        if not 0 <= i < primary.parallel:
+            raise BackendError(f"slot {i} does not exist: the model was loaded with parallel={primary.parallel}")
+        while len(primary._slots) <= i:
+            view = copy.copy(primary)
+            view._seq = len(primary._slots) * (1 + primary.tree_paths)
+            view.cached, view._tree, view._tree_seqs, view.n_decoded = [], None, False, 0
+            primary._slots.append(view)
+        return primary._slots[i]
+
+    @property
+    def slot_index(self) -> int:
+        return self._seq // (1 + self.tree_paths)
+
+    def _use_seq(self, m: int) -> None:
+        """The first m batch entries belong to this view's main sequence (each alone)."""
+        p = self._primary
+        bs = p._batch_seq
+        for i in np.flatnonzero(bs[:m] != self._seq).tolist():
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = self._seq
+        bs[:m] = self._seq
+
+    def kv_bytes_per_token(self) -> int:
+        """The KV cache's bytes per token of context (f16 keys and values of every layer's KV heads)."""
+        n_head = max(1, int(C.llama_model_n_head(self._model)))
+        head_dim = int(C.llama_model_n_embd(self._model)) // n_head
+        return 2 * 2 * int(C.llama_model_n_layer(self._model)) * int(C.llama_model_n_head_kv(self._model)) * head_dim
 
     # ----------------------------------------------------------------- threads
     @property
@@ -308,11 +412,12 @@ class Model:
     def pinned_threads(self) -> Iterator[None]:
         """Within the block every decode runs with the current count and teaches the tuner nothing (cost
         measurements compare batch sizes, not thread counts)."""
-        old, self._pinned = self._pinned, True
+        p = self._primary
+        old, p._pinned = p._pinned, True
         try:
             yield
         finally:
-            self._pinned = old
+            p._pinned = old
 
     def warm_threads(self) -> None:
         """Let the tuner compare its thread counts on a few single-token decodes (at load, before the costs are
@@ -330,12 +435,13 @@ class Model:
 
     def _llama_decode(self, batch: Any, n: int) -> int:
         """llama_decode with the thread count the tuner picks for a batch of n tokens, timed for it."""
-        tuner = None if self._pinned else self.tuner
+        p = self._primary  # the context's thread count is the owner's (every view decodes on one context)
+        tuner = None if p._pinned else self.tuner
         now = time.perf_counter()
         t = tuner.choose(n, now) if tuner is not None else self.threads_now
-        if t != self._threads_now:
+        if t != p._threads_now:
             C.llama_set_n_threads(self._ctx, t, t)
-            self._threads_now = t
+            p._threads_now = t
         with self._remote("a decode"):
             rc = int(C.llama_decode(self._ctx, batch))
         if tuner is not None and rc == 0:
@@ -356,10 +462,10 @@ class Model:
 
     @property
     def closed(self) -> bool:
-        return self._ctx is None or self._closing
+        return self._primary._ctx is None or self._primary._closing
 
     def _live(self) -> None:
-        if self._ctx is None or self._closing:
+        if self._primary._ctx is None or self._primary._closing:
             raise EngineClosedError(f"{os.path.basename(self.spec.path)}: the model was closed")
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
@@ -573,13 +679,14 @@ class Model:
             self._tok[:m] = toks[c0:c1]
             self._pos[:m] = np.arange(start_pos + c0, start_pos + c1, dtype=np.int32)
             self._want[:m] = 0
+            self._use_seq(m)
             chunk_rows = [r for r in want if c0 <= r < c1]
             for r in chunk_rows:
                 self._want[r - c0] = 1
             self._batch.n_tokens = m
             rc = self._llama_decode(self._batch, m)
             if rc != 0:
-                C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)  # drop whatever part of this call was stored
+                C.llama_memory_seq_rm(self._mem, self._seq, self.n_past, -1)  # drop whatever part of this call was stored
                 raise BackendError(f"llama_decode failed with code {rc}")
             for r in chunk_rows:
                 ptr = C.llama_get_logits_ith(self._ctx, r - c0)
@@ -595,68 +702,144 @@ class Model:
         return out[[order[r % n] for r in rows]]
 
     def _clean(self) -> None:
-        """Drop whatever llama.cpp holds past `cached` in sequence 0, and every tree sequence (an interrupted step's
-        leftovers): the next decode starts from exactly `cached`."""
-        C.llama_memory_seq_rm(self._mem, 0, self.n_past, -1)
+        """Drop whatever llama.cpp holds past `cached` in this view's main sequence, and every tree sequence of the
+        view (an interrupted step's leftovers): the next decode starts from exactly `cached`."""
+        C.llama_memory_seq_rm(self._mem, self._seq, self.n_past, -1)
         self._drop_tree_seqs()
 
     def _drop_tree_seqs(self) -> None:
         if self._tree_seqs:
             for s in range(1, 1 + self.tree_paths):
-                C.llama_memory_seq_rm(self._mem, s, -1, -1)
+                C.llama_memory_seq_rm(self._mem, self._seq + s, -1, -1)
             self._tree_seqs = False
 
     def decode_tree(self, tokens: Sequence[int], depths: Sequence[int], seq_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """Verify a token tree in one llama_decode (layout: tree.TokenTree.batch). Row 0 is the root: the context's
         last token, which the cache does not hold yet; row i sits at depth depths[i] (the root's is 0) and belongs to
-        the tree paths seq_ids[i] (0-based; path s is llama.cpp sequence s + 1, and the context is shared with every
-        path). Returns the logits of every row. The cache then holds the context and the root in sequence 0;
-        `keep_tree_path` keeps the accepted path and drops the rest."""
+        the tree paths seq_ids[i] (0-based; path s is this view's sequence + s + 1, and the context is shared with
+        every path). Returns the logits of every row. The cache then holds the context and the root in the main
+        sequence; `keep_tree_path` keeps the accepted path and drops the rest."""
+        return self._primary.decode_parts([DecodePart(self, tokens, depths=depths, seq_ids=seq_ids)])[0]
+
+    def decode_parts(self, parts: Sequence["DecodePart"]) -> list[np.ndarray]:
+        """Several views' decodes of this context in ONE llama_decode (each part a chain appended at its view's n_past,
+        like decode(), or a token tree, like decode_tree(); at most one part per view, all of them within n_batch
+        tokens). Returns each part's logits (a chain's requested rows, a tree's every row). On a failure every view
+        is left holding exactly its `cached` tokens and BackendError is raised."""
         self._live()
-        n = len(tokens)
+        if not parts:
+            return []
+        views = [pt.view for pt in parts]
+        if any(v._primary is not self._primary for v in views) or len({id(v) for v in views}) != len(views):
+            raise BackendError("decode_parts takes at most one part per slot of this model")
+        total = sum(len(pt.tokens) for pt in parts)
+        if total > self.n_batch:
+            raise BackendError(f"{total} tokens do not fit one batch of {self.n_batch}")
+        plans = [pt.view._prepare(pt) for pt in parts]  # checks (nothing held yet), then each view's leftovers dropped
+        b = self._batch
+        off = 0
+        for pt, plan in zip(parts, plans):
+            pt.view._fill(off, pt, plan)
+            off += len(pt.tokens)
+        b.n_tokens = total
+        try:
+            rc = self._llama_decode(b, total)
+        except BaseException:
+            for v in views:
+                v._clean()
+            raise
+        if rc != 0:
+            for v in views:
+                v._clean()
+            raise BackendError(f"llama_decode failed with code {rc}")
+        out = []
+        off = 0
+        for pt, plan in zip(parts, plans):
+            out.append(pt.view._finish(off, pt, plan))
+            off += len(pt.tokens)
+        for got in out:
+            if len(got) and not np.isfinite(got.max(axis=1)).all():
+                raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
+        return out
+
+    def _prepare(self, pt: "DecodePart") -> tuple[np.ndarray, list[int], int]:
+        """Check one part against this view (token range, context, batch, tree paths) and drop the view's leftovers:
+        (token ids, the rows whose logits are wanted, the number of tree paths; 0 for a chain)."""
+        n = len(pt.tokens)
+        if n == 0:
+            raise BackendError("no tokens to decode")
+        toks = np.asarray(pt.tokens, dtype=np.int64)
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise BackendError(f"token id out of range [0, {self.n_vocab})")
+        start = self.n_past
+        if pt.depths is None:
+            if pt.start_pos is not None and pt.start_pos != start:
+                raise BackendError(f"decode at position {pt.start_pos} but the cache holds {start} tokens")
+            if start + n > self.n_ctx:
+                raise ContextFullError(f"context full: {start + n} tokens do not fit in n_ctx={self.n_ctx}")
+            want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in pt.rows})
+            self._clean()
+            return toks, want, 0
+        seq_ids = pt.seq_ids or []
         n_paths = 1 + max((s for ids in seq_ids for s in ids), default=0)
         if n_paths > self.tree_paths:
             raise BackendError(f"a tree of {n_paths} paths needs a model loaded with tree_paths >= {n_paths}")
         if n > self.n_batch:
             raise BackendError(f"a tree of {n} nodes does not fit a batch of {self.n_batch}")
-        start = self.n_past
-        if start + n > self.n_ctx or start + max(depths) >= self.n_ctx:
+        if start + n > self.n_ctx or start + max(pt.depths) >= self.n_ctx:
             raise ContextFullError(f"context full: a tree of {n} nodes after {start} tokens does not fit n_ctx={self.n_ctx}")
-        toks = np.asarray(tokens, dtype=np.int64)
-        if toks.min() < 0 or toks.max() >= self.n_vocab:
-            raise BackendError(f"token id out of range [0, {self.n_vocab})")
         self._clean()
         self._tree_seqs = True
         for s in range(n_paths):
-            C.llama_memory_seq_cp(self._mem, 0, s + 1, -1, -1)  # the context is visible to every path
+            C.llama_memory_seq_cp(self._mem, self._seq, self._seq + s + 1, -1, -1)  # the context is visible to every path
+        return toks, list(range(n)), n_paths
+
+    def _fill(self, off: int, pt: "DecodePart", plan: tuple[np.ndarray, list[int], int]) -> None:
+        """Write one part into batch entries off.. (its positions, sequences and wanted rows)."""
+        toks, want, n_paths = plan
+        n, start = len(toks), self.n_past
         b = self._batch
-        try:
-            for i in range(n):
-                ids = ([0] if i == 0 else []) + [s + 1 for s in seq_ids[i]]
-                b.token[i] = int(toks[i])
-                b.pos[i] = start + int(depths[i])
-                b.n_seq_id[i] = len(ids)
-                for k, sid in enumerate(ids):
-                    b.seq_id[i][k] = sid
-                b.logits[i] = 1
-            b.n_tokens = n
-            rc = self._llama_decode(b, n)
-        finally:
-            for i in range(n):  # the batch's slots belong to sequence 0 again (decode() relies on it)
+        self._tok[off:off + n] = toks
+        self._want[off:off + n] = 0
+        if not n_paths:
+            self._pos[off:off + n] = np.arange(start, start + n, dtype=np.int32)
+            self._want[[off + r for r in want]] = 1
+            p = self._primary
+            bs = p._batch_seq
+            for i in (off + np.flatnonzero(bs[off:off + n] != self._seq)).tolist():
                 b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-        if rc != 0:
-            self._clean()
-            raise BackendError(f"llama_decode failed with code {rc}")
-        out = np.empty((n, self.n_vocab), dtype=np.float32)
+                b.seq_id[i][0] = self._seq
+            bs[off:off + n] = self._seq
+            return
+        assert pt.depths is not None and pt.seq_ids is not None
+        self._primary._batch_seq[off:off + n] = -1  # these entries carry several sequences: rewritten by the next use
         for i in range(n):
-            out[i] = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
-        self.cached += [int(toks[0])]
+            ids = ([self._seq] if i == 0 else []) + [self._seq + s + 1 for s in pt.seq_ids[i]]
+            self._pos[off + i] = start + int(pt.depths[i])
+            b.n_seq_id[off + i] = len(ids)
+            for k, sid in enumerate(ids):
+                b.seq_id[off + i][k] = sid
+            self._want[off + i] = 1
+
+    def _finish(self, off: int, pt: "DecodePart", plan: tuple[np.ndarray, list[int], int]) -> np.ndarray:
+        """After the decode: this part's logits, and the view's bookkeeping (what its cache now holds)."""
+        toks, want, n_paths = plan
+        n = len(toks)
+        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        for j, r in enumerate(want):
+            out[j] = np.ctypeslib.as_array(C.llama_get_logits_ith(self._ctx, off + r), shape=(self.n_vocab,))
+        start = self.n_past
         self.n_decoded += n
-        self._tree = (start, n_paths)
-        if not np.isfinite(out.max(axis=1)).all():
-            raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
-        return out
+        if n_paths:
+            self.cached += [int(toks[0])]
+            self._tree = (start, n_paths)
+            return out
+        self.cached += [int(t) for t in toks]
+        rows = list(pt.rows)
+        if rows == want:
+            return out
+        order = {r: i for i, r in enumerate(want)}
+        return out[[order[r % n] for r in rows]]
 
     def keep_tree_path(self, path: int, tokens: Sequence[int]) -> None:
         """After decode_tree: keep the accepted drafts `tokens`, the first nodes after the root of tree path `path`,
@@ -666,7 +849,7 @@ class Model:
             raise BackendError("keep_tree_path does not match the last decode_tree")
         start = self._tree[0]
         if tokens:
-            C.llama_memory_seq_cp(self._mem, path + 1, 0, start + 1, start + 1 + len(tokens))
+            C.llama_memory_seq_cp(self._mem, self._seq + path + 1, self._seq, start + 1, start + 1 + len(tokens))
         self._drop_tree_seqs()
         self.cached += [int(t) for t in tokens]
 
@@ -678,24 +861,29 @@ class Model:
         if n_past == self.n_past:
             return
         del self.cached[n_past:]  # first: llama.cpp may hold more than `cached`, never less
-        if not C.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+        if not C.llama_memory_seq_rm(self._mem, self._seq, n_past, -1):
             raise BackendError(f"llama.cpp could not truncate the cache to {n_past} tokens")
 
     def reset(self) -> None:
         """Empty the cache (the prompt cache's snapshots stay)."""
         self._live()
         self.cached = []
+        self._tree_seqs = False
         with self._remote("clearing the cache"):
-            C.llama_memory_clear(self._mem, True)
+            if self._primary.parallel == 1:
+                C.llama_memory_clear(self._mem, True)
+            else:  # this slot's sequences only
+                for s in range(1 + self.tree_paths):
+                    C.llama_memory_seq_rm(self._mem, self._seq + s, -1, -1)
 
     # ----------------------------------------------------------------- snapshots
     def save_state(self) -> bytes:
-        """The cache's contents (sequence 0) as bytes; restore with load_state(self.cached copy, data)."""
+        """The cache's contents (this view's main sequence) as bytes (loadable into any slot); restore with load_state(self.cached copy, data)."""
         self._live()
         with self._remote("saving a cache snapshot"):
-            size = int(C.llama_state_seq_get_size(self._ctx, 0))
+            size = int(C.llama_state_seq_get_size(self._ctx, self._seq))
             buf = (ctypes.c_uint8 * size)()
-            got = int(C.llama_state_seq_get_data(self._ctx, buf, size, 0))
+            got = int(C.llama_state_seq_get_data(self._ctx, buf, size, self._seq))
         if got <= 0:
             raise BackendError("llama.cpp could not save the cache state")
         return bytes(memoryview(buf)[:got])
@@ -707,9 +895,9 @@ class Model:
         self.cached = []  # first: llama.cpp clears the sequence before it reads the snapshot
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with self._remote("restoring a cache snapshot"):
-            ok = int(C.llama_state_seq_set_data(self._ctx, buf, len(data), 0)) > 0
+            ok = int(C.llama_state_seq_set_data(self._ctx, buf, len(data), self._seq)) > 0
         if not ok:
-            C.llama_memory_seq_rm(self._mem, 0, 0, -1)
+            C.llama_memory_seq_rm(self._mem, self._seq, 0, -1)
             return False
         self.cached = list(tokens)
         return True
@@ -720,7 +908,9 @@ class Model:
     def close(self) -> None:
         """Free the model. Vocabulary calls in progress on other threads (a long tokenization is at most one piece
         of one, but a plain text is one llama.cpp call) get CLOSE_WAIT seconds; past that close() returns and the
-        last of them frees the model as it ends. No call starts after close()."""
+        last of them frees the model as it ends. No call starts after close(). A slot view's close does nothing."""
+        if self.__dict__.get("_primary", self) is not self:
+            return
         self._closing = True
         use = self.__dict__.get("_vocab_use")
         if use is None:
@@ -760,4 +950,4 @@ class Model:
             pass
 
 
-__all__ = ["Model", "PromptCache", "SpecialSplitter", "TOKENIZE_PIECE_BYTES", "default_threads", "gpu_offload_supported"]
+__all__ = ["DecodePart", "Model", "PromptCache", "SpecialSplitter", "TOKENIZE_PIECE_BYTES", "default_threads", "gpu_offload_supported"]

@@ -258,6 +258,27 @@ def check_tree_fits(model: ModelSpec, tree_nodes: int) -> None:
         )
 
 
+# llama.cpp's limit on a context's sequences (LLAMA_MAX_SEQ in src/llama-cparams.h); past it llama_init_from_model fails
+MAX_SEQUENCES = 256
+MAX_PARALLEL = 64
+
+
+def check_slots_fit(model: ModelSpec, parallel: int, tree_paths: int = 0) -> None:
+    """Refuse (ConfigError) `parallel` slots that one context cannot hold: each slot takes 1 + tree_paths llama.cpp
+    sequences; llama.cpp allows at most MAX_SEQUENCES of them, and asserts (a SIGABRT) when a micro-batch (n_batch, at
+    most n_ctx) is smaller than the number of sequences."""
+    check_int("parallel", parallel, 1, MAX_PARALLEL)
+    n_seq = parallel * (1 + tree_paths)
+    batch = min(model.n_batch, model.n_ctx)
+    if n_seq > MAX_SEQUENCES or n_seq > batch:
+        per = f"1 + {tree_paths} tree paths" if tree_paths else "1"
+        raise ConfigError(
+            f"parallel={parallel} slots of {per} sequences each need {n_seq} llama.cpp sequences: at most "
+            f"{min(MAX_SEQUENCES, batch)} fit (llama.cpp's limit of {MAX_SEQUENCES} and the batch of {batch} tokens); "
+            f"lower parallel{', tree_nodes or draft_siblings' if tree_paths else ''}"
+        )
+
+
 def max_json_depth() -> int:
     """The JSON nesting limit: EDGESPEC_MAX_JSON_DEPTH (an integer in [1, MAX_JSON_DEPTH_CEILING]) or
     DEFAULT_MAX_JSON_DEPTH; a ConfigError for any other value of the variable."""
@@ -285,4 +306,5 @@ def check_stop(stop: Any) -> tuple[str, ...]:
 
 
 __all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "API_SAMPLING", "SpecConfig", "check_int", "check_stop",
-           "check_tree_fits", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV", "check_rpc_endpoints", "split_rpc_endpoint"]
+           "check_tree_fits", "check_slots_fit", "MAX_PARALLEL", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV",
+           "check_rpc_endpoints", "split_rpc_endpoint"]

@@ -187,6 +187,10 @@ class CostModel:
         self.overhead = float(overhead)
         self.alpha = float(alpha)
         self.frozen = frozen or self.curve.frozen  # costs over a frozen curve learn nothing else from the clock either
+        # rows other generations put in the same verify decode (the engine's slots, batched): this generation's share
+        # of a decode of n rows is then verify(others + n) * n / (others + n), so on a flat curve each drafted row
+        # takes time from the others and shorter drafts pay; on a linear one nothing changes
+        self.others = 0
 
     @classmethod
     def from_relative(
@@ -204,12 +208,16 @@ class CostModel:
         return self.curve.points
 
     def verify(self, n: int) -> float:
-        return self.curve(n)
+        """Seconds of a verify decode of n rows: this generation's share when others' rows ride along (`others`)."""
+        if self.others <= 0 or n <= 0:
+            return self.curve(n)
+        total = self.others + n
+        return self.curve(total) * n / total
 
     def cycle_time(self, k: int, extra_rows: int = 0) -> float:
         """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step. extra_rows: verify rows
         beyond the chain's (a draft-model tree's siblings, drafted for free from rows the draft computed anyway)."""
-        return k * self.c_draft + self.curve(k + 1 + extra_rows) + self.overhead
+        return k * self.c_draft + self.verify(k + 1 + extra_rows) + self.overhead
 
     def _ema(self, old: float, new: float) -> float:
         return (1.0 - self.alpha) * old + self.alpha * new

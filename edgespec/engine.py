@@ -6,13 +6,17 @@
         for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
             print(chunk.text, end="")
 
-One worker thread owns the llama.cpp contexts. `stream()` queues a generation (FIFO, but a short one, an infill or
-at most SHORT_TOKENS tokens, runs at the running generation's next cycle boundary when that one has more to go:
-its cache is set aside in host memory and restored after, so its output is unchanged) and returns a `Generation`
-handle at once: iterate it (or `async for`), `cancel()` it from any thread (it stops within one speculative cycle,
-or between prefill chunks), `close()` it, or ask for its `result()`. Several
-conversations share the engine without losing their KV cache: a snapshot of what a conversation left in the cache
-is kept in host memory (backend.PromptCache) and restored when it comes back, so only its new tokens are decoded.
+One worker thread owns the llama.cpp contexts, which hold `parallel` slots (one sequence each, in each model). `stream()`
+queues a generation and returns a `Generation` handle at once: iterate it (or `async for`), `cancel()` it from any
+thread (it stops within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`.
+Up to `parallel` generations run at once, each in its own slot, advanced cycle by cycle together (generation.Worker):
+their verify decodes go to the target in ONE llama_decode where the live cost curve says that costs less than
+separate ones (_Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
+infill, or at most SHORT_TOKENS tokens) is admitted first, takes two turns to a long one's, and when every slot is
+busy it displaces the long generation with the most to go, whose cache is set aside in host memory and restored
+after (its output is unchanged). Conversations keep their KV cache: a generation goes to the free slot that already
+holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (backend.PromptCache)
+and restored when it comes back, so only its new tokens are decoded.
 
 Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator.
 """
@@ -32,8 +36,9 @@ import numpy as np
 
 from . import calibration as cal
 from . import chat_template
-from .backend import Model, default_threads
+from .backend import DecodePart, Model, default_threads
 from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
+from .config import MAX_PARALLEL
 from .config import check_int as _check_int
 from .constraint import Constraint, Matcher
 from .structured import Tool, constraint_from_response_format, prompt_messages
@@ -47,16 +52,22 @@ from .gguf_check import inspect_gguf, require_compatible
 from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from .sampling import PositionalUniforms
-from .speculate import Step, speculate
+from .speculate import Step, Verify, speculate_steps
 from .speculators import KINDS, tree_paths_for
 from .suffix_index import SuffixIndex
 from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
-# A generation of at most this many tokens (or any infill) is short: it runs at the running generation's next cycle
-# boundary when that one has more tokens to go (an editor's completion, a chat's title), instead of after it.
+# A generation of at most this many tokens (or any infill) is short: it is admitted before longer ones, gets two turns
+# to their one, and may displace a long one when every slot is busy (an editor's completion, a chat's title).
 SHORT_TOKENS = 64
+# Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the
+# machine's memory do not allow them (backend.fit_parallel).
+DEFAULT_PARALLEL = 4
+# Several generations' verify rows go to the target in one llama_decode when the live curve says that takes less than
+# this share of their separate decodes (a margin over the curve's noise).
+BATCH_GAIN = 0.97
 # Costs are measured once, at load (cached per machine), and then learnt from the decodes generation does anyway
 # (costs.VerifyCurve follows a change of the machine's load within a few cycles): nothing is measured inside a
 # request. The thread count of each model follows the load the same way (threads.py, in the backend).
@@ -113,7 +124,13 @@ class Engine:
         self._fim: FimTokens | None = None
         self._closed = False
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
-        self._worker = Worker(max_queue)
+        if draft is not None and draft.parallel < target.parallel:
+            raise ConfigError(f"the draft holds {draft.parallel} slots and the target {target.parallel}: load both with the same parallel")
+        self.slots = _Slots(target, draft, self.learning)
+        self._worker = Worker(
+            max_queue, parallel=target.parallel, execute=self.slots.execute, choose_slot=self.slots.choose,
+            park=self.slots.park, unpark=self.slots.unpark,
+        )
         models = [m for m in (target, draft) if m is not None]
         self._finalizer = weakref.finalize(self, shutdown, self._worker, models, self.memory, self.memory_path)
 
@@ -129,13 +146,16 @@ class Engine:
         prompt_cache_mb: float = 256,
         max_queue: int | None = None,
         memory: str | os.PathLike[str] | bool | None = True,
+        parallel: int | None = None,
     ) -> "Engine":
         """Validate both files, check that they share a tokenizer (before any weights load), load them and
         measure decode costs (cached per machine, checked at every load; calibrate_costs=False measures nothing and
         plans with a fixed flat, GPU-like curve: drafting always looks cheap). prompt_cache_mb: host memory for KV
         snapshots of conversations the engine left (0 = none), per model. memory (suffix drafters only): True keeps
         the memory of everything seen in the user cache across runs, a path keeps it there, False/None keeps it in
-        this process only."""
+        this process only. parallel: slots, generations that run at once (None: up to DEFAULT_PARALLEL, as many
+        as the sequences and a quarter of the available memory allow); each slot holds a whole context of
+        n_ctx tokens in both models (ConfigError at load when their caches cannot fit the machine)."""
         if not isinstance(prompt_cache_mb, (int, float)) or isinstance(prompt_cache_mb, bool) or not (0 <= prompt_cache_mb < math.inf):
             raise ConfigError(f"prompt_cache_mb must be a number >= 0, got {prompt_cache_mb!r}")
         if spec is not None and not isinstance(spec, SpecConfig):
@@ -146,6 +166,8 @@ class Engine:
             raise ConfigError("memory must be a path, got an empty string")
         if not isinstance(calibrate_costs, bool):
             raise ConfigError("calibrate_costs must be True or False")
+        if parallel is not None:
+            _check_int("parallel", parallel, 1, MAX_PARALLEL)
         choice = drafter if drafter == AUTO else parse_drafter(drafter)
         tspec = _as_spec(target)
         tinfo = inspect_gguf(tspec.path)
@@ -160,11 +182,11 @@ class Engine:
         paths = tree_paths_for(kind, spec or SpecConfig(), dspec is not None, min(tspec.n_batch, tspec.n_ctx))
         if paths:
             check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
-        t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths)
+        t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths, parallel=parallel or -DEFAULT_PARALLEL)
         d = None
         try:
             if dspec is not None:
-                d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes)
+                d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes, parallel=t.parallel)
             index, where = None, None
             if kind.uses_tree and memory:
                 vocab = vocab_fingerprint(t)
@@ -239,8 +261,17 @@ class Engine:
 
     @property
     def pending(self) -> int:
-        """Generations waiting for the engine (not counting the one running)."""
+        """Generations waiting for a slot (not counting the ones running)."""
         return self._worker.pending
+
+    @property
+    def parallel(self) -> int:
+        """Slots: how many generations run at once."""
+        return self.target.parallel
+
+    def slot_state(self) -> dict[str, int]:
+        """{"parallel": slots, "busy": generating now, "queued": waiting for a slot}."""
+        return {"parallel": self.parallel, "busy": self._worker.busy, "queued": self._worker.pending}
 
     # ----------------------------------------------------------------------------- prompts (any thread)
     @property
@@ -492,7 +523,8 @@ class Engine:
         ids: list[int] = []
         texts: list[str] = []
         short = request.short if request.short is not None else request.infill is not None or request.max_tokens <= SHORT_TOKENS
-        job = Job(lambda j: self._run(j, plan, stats, ids, texts), size=request.max_tokens, short=short)
+        job = Job(steps=lambda j, slot: self._steps(j, slot, plan, stats, ids, texts), size=request.max_tokens, short=short)
+        job.prompt = ctx
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
 
@@ -580,9 +612,9 @@ class Engine:
         """Empty both models' KV caches (their snapshots stay) and, with memory, the suffix memory; waits for the
         queue."""
         def reset(eng: "Engine") -> None:
-            eng.target.reset()
-            if eng.draft is not None:
-                eng.draft.reset()
+            for m in (eng.target, eng.draft):
+                for i in range(m.parallel if m is not None else 0):
+                    m.slot(i).reset()  # type: ignore[union-attr]
             if memory and eng.memory is not None:
                 eng.memory.clear()
 
@@ -590,8 +622,13 @@ class Engine:
 
     # ----------------------------------------------------------------------------- the worker's side
 
-    def _run(self, job: Job, plan: "_Plan", stats: GenerationStats, ids: list[int], texts: list[str]) -> None:
-        """The worker's side of one generation: speculate over the plan, each step's text to the handle (ids, texts)."""
+    def _steps(
+        self, job: Job, slot: int, plan: "_Plan", stats: GenerationStats, ids: list[int], texts: list[str]
+    ) -> Generator[Verify | None, Any, None]:
+        """The worker's side of one generation, in `slot`: speculate over the plan, each step's text to the handle
+        (ids, texts). Yields each cycle's target decode (a Verify: the worker sends back its logits) and None at each
+        cycle boundary (where the worker may let other generations run)."""
+        target, draft = self.slots.models(slot)
         req, kind, spec, sampling = plan.request, plan.kind, plan.spec, plan.request.sampling
         logprobs = req.logprobs
         stats.timings.queue = job.started_at - job.enqueued
@@ -600,57 +637,46 @@ class Engine:
         # entropy (tests may fix it).
         rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
         cost = self.learning.cost_model()  # frozen with a frozen curve
-        speculator = self.learning.speculator(kind, spec, sampling, cost, self.draft, tree_paths=self.target.tree_paths)
+        speculator = self.learning.speculator(kind, spec, sampling, cost, draft, tree_paths=target.tree_paths)
         stats.costs = {**cost.describe(), "source": self.calibration.source}
-        detok = StreamingDetokenizer(self.target.token_bytes, req.stop or ())
-        steps: Generator[Step, None, None] = speculate(
-            self.target, plan.ctx, sampling, rng, max_tokens=req.max_tokens, speculator=speculator, stats=stats,
+        detok = StreamingDetokenizer(target.token_bytes, req.stop or ())
+        steps = speculate_steps(
+            target, plan.ctx, sampling, rng, max_tokens=req.max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=req.on_prefill,
             constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs, clock=job.clock,
         )
-        decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in (self.target, self.draft) if m is not None}
+        models = [m for m in (target, draft) if m is not None]
+        decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in models}
         try:
-            for step in steps:
-                if self._emit(job, step, detok, ids, texts):
-                    break
-                self._let_shorter_run(job, req.max_tokens - len(ids))
-            else:
+            ended = False
+            try:
+                item = next(steps)
+                while True:
+                    if isinstance(item, Verify):
+                        item = steps.send((yield item))
+                        continue
+                    if self._emit(job, item, detok, ids, texts):
+                        break
+                    yield None  # a cycle boundary
+                    cost.others = self.slots.rows_beside(slot)  # drafts are planned for the batch as a whole
+                    item = next(steps)
+            except StopIteration:
+                ended = True
+            if ended:
                 tail = detok.flush()
                 if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
                     self._push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None))
         finally:
             steps.close()
+            self.slots.last_rows.pop(slot, None)
             if detok.stopped:
                 stats.stop_reason = "stop"
             stats.n_generated = len(ids)
+            stats.timings.waited = job.paused
             if speculator is not None:
                 stats.controller = speculator.stats()
             self.learning.end_generation(speculator, kind, spec, cost)
-            stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", self.target), ("draft", self.draft)) if m is not None}
-
-    def _let_shorter_run(self, job: Job, remaining: int) -> None:
-        """At a cycle boundary of `job`: run a queued short generation that has fewer tokens to go (Worker.
-        take_shorter) inside it. Both models' caches are saved to host memory first and restored after, token for
-        token and byte for byte, so `job` goes on from exactly where it was (the same logits: the same output); the
-        time it waited is left out of its timings (Job.clock)."""
-        other = self._worker.take_shorter(remaining)
-        if other is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            saved = [(m, list(m.cached), m.save_state() if m.n_past else b"") for m in (self.target, self.draft) if m is not None]
-        except BaseException:
-            self._worker.put_back(other)
-            raise
-        try:
-            self._worker.run_nested(other)
-        finally:
-            for m, tokens, data in saved:
-                if not data:
-                    m.reset()
-                elif not m.load_state(tokens, data):
-                    raise BackendError(f"{m.name}: llama.cpp could not restore the cache after a shorter request ran")
-            job.paused += time.perf_counter() - t0
+            stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", target), ("draft", draft)) if m is not None}
 
     def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
         """Hand a step's text to the caller: its accepted draft tokens, then the target's own, each pushed token by
@@ -666,6 +692,7 @@ class Engine:
                 used.append(tok)
                 with job.lock:
                     ids.append(tok)
+                    job.progress = len(ids)
                 if detok.stopped:
                     break
             if lps is not None:
@@ -683,6 +710,92 @@ class Engine:
         with job.lock:
             texts.append(chunk.text)
         job.push(chunk)
+
+
+class _Slots:
+    """The engine's slots as the worker sees them: which models a slot's generation uses, which free slot a new one
+    takes, how its cache is set aside and put back, and how the generations' verify decodes run (one llama_decode
+    for several where the live curve says it pays). Holds the models and the learnt costs, not the engine (the
+    worker's thread must not keep the engine alive)."""
+
+    def __init__(self, target: Model, draft: Model | None, learning: LearningState) -> None:
+        self.target, self.draft, self.learning = target, draft, learning
+        self._uses = 0
+        self._last_use: dict[int, int] = {}  # slot -> when choose() last gave it out
+        self.last_rows: dict[int, int] = {}  # slot -> rows of its generation's last verify decode, when it was batched
+        self.batched_decodes = 0  # llama_decode calls that carried more than one generation's rows
+        self.batched_rows = 0
+
+    def rows_beside(self, slot: int) -> int:
+        """The rows the other generations' last verify decodes put beside this slot's (0 when they ran apart)."""
+        if slot not in self.last_rows:
+            return 0
+        return sum(n for s, n in self.last_rows.items() if s != slot)
+
+    def models(self, slot: int) -> tuple[Model, Model | None]:
+        return self.target.slot(slot), self.draft.slot(slot) if self.draft is not None else None
+
+    def choose(self, job: Job, free: list[int]) -> int:
+        """The free slot whose target cache already holds the longest prefix of the job's prompt; on a tie the one
+        used least recently (an empty slot first), so that another conversation's cache is kept where it can be."""
+        self._uses += 1
+        best = max(free, key=lambda s: (self.target.slot(s).common_prefix(job.prompt), -self._last_use.get(s, 0)))
+        self._last_use[best] = self._uses
+        return best
+
+    def park(self, slot: int) -> list[tuple[Model, list[int], bytes]]:
+        """Set the slot's caches aside in host memory (both models) and empty the slot."""
+        saved = []
+        for m in self.models(slot):
+            if m is not None:
+                saved.append((m, list(m.cached), m.save_state() if m.n_past else b""))
+        for m, _, _ in saved:
+            m.reset()
+        return saved
+
+    def unpark(self, slot: int, saved: list[tuple[Model, list[int], bytes]]) -> None:
+        """Put caches set aside by park() back, token for token and byte for byte."""
+        for m, tokens, data in saved:
+            if not data:
+                m.reset()
+            elif not m.load_state(tokens, data):
+                raise BackendError(f"{m.name}: llama.cpp could not restore the cache of a generation set aside for a shorter one")
+
+    def execute(self, requests: list[Verify]) -> list[Any]:
+        """Run the generations' verify decodes: together in one llama_decode when the live curve says one decode of all
+        their rows costs less than their separate decodes (and they fit one batch), else one by one. Each result is
+        its logits, or the exception its decode raised."""
+        out: list[Any] = [None] * len(requests)
+        curve = self.learning.curve
+        alone = list(range(len(requests)))
+        if len(requests) > 1:
+            sizes = [r.n_rows for r in requests]
+            if sum(sizes) <= self.target.n_batch and curve(sum(sizes)) < BATCH_GAIN * sum(curve(n) for n in sizes):
+                alone = []
+                parts = [
+                    DecodePart(r.model, r.tokens, rows=r.rows, start_pos=r.start_pos, depths=r.depths, seq_ids=r.seq_ids)
+                    for r in requests
+                ]
+                t0 = time.perf_counter()
+                try:
+                    got: list[Any] = self.target.decode_parts(parts)
+                except Exception as e:
+                    got = [e] * len(requests)
+                else:
+                    curve.update(sum(sizes), time.perf_counter() - t0)  # a verify of that many rows, as it was
+                    self.batched_decodes += 1
+                    self.batched_rows += sum(sizes)
+                for i, (r, g) in enumerate(zip(requests, got)):
+                    r.shared = True
+                    out[i] = g
+                    self.last_rows[r.model.slot_index] = r.n_rows
+        for i in alone:
+            self.last_rows.pop(getattr(requests[i].model, "slot_index", -1), None)
+            try:
+                out[i] = requests[i].run()
+            except Exception as e:
+                out[i] = e
+        return out
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from .errors import ConfigError, EngineClosedError, QueueFullError
 from .stats import GenerationStats
@@ -49,16 +49,25 @@ class Result:
 class Job:
     """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
 
-    def __init__(self, run: Callable[["Job"], Any], on_dropped: Callable[[], None] | None = None, *,
+    def __init__(self, run: Callable[["Job"], Any] | None = None, on_dropped: Callable[[], None] | None = None, *,
+                 steps: Callable[["Job", int], Generator[Any, Any, None]] | None = None,
                  size: int | None = None, short: bool = False) -> None:
-        """``on_dropped`` is called (on the worker) instead of ``run`` when the job is cancelled before it starts.
-        size: the most tokens a generation job may generate (None: not a generation); short: it may run inside a
-        generation with more than `size` tokens still to go (Worker.take_shorter)."""
+        """A plain job runs ``run(job)`` alone; a generation job gives ``steps(job, slot)``, the generator the worker
+        advances cycle by cycle in a slot (Worker). ``on_dropped`` is called (on the worker) instead when the job is
+        cancelled before it starts. size: the most tokens a generation may generate; short: it is admitted first and
+        may displace a longer one (Worker)."""
+        if (run is None) == (steps is None):
+            raise ValueError("a job has either run or steps")
         self._run = run
+        self.steps = steps
         self._on_dropped = on_dropped
         self.size = size
         self.short = short
-        self.paused = 0.0  # seconds this job spent suspended while a shorter one ran (its clock leaves them out)
+        self.prompt: Any = ()  # a generation's prompt tokens (the worker's slot choice: the longest cached prefix)
+        self.progress = 0  # tokens generated so far (the engine counts them; the worker compares what is left)
+        self.slot = -1  # the slot a generation runs in
+        self.parked: Any = None  # a displaced generation's cache, set aside (Worker.park)
+        self.paused = 0.0  # seconds it stood aside while other generations ran (its clock leaves them out)
         self.cancel_event = threading.Event()
         self.done = threading.Event()
         self.started = False
@@ -91,6 +100,7 @@ class Job:
         self.started = True
         self.started_at = time.perf_counter()
         try:
+            assert self._run is not None
             self.value = self._run(self)
         except BaseException as e:  # the caller gets it; the worker lives on
             self.error, self._error_tb = e, e.__traceback__
@@ -124,26 +134,75 @@ class Job:
                 pass
 
 
-class Worker:
-    """One thread, one FIFO queue of jobs. A cancelled queued job never starts. A short generation job (Job.short)
-    does not wait behind a long one: the running generation offers the worker each cycle boundary
-    (take_shorter), and a queued short job with fewer tokens to generate than it has left runs there, inside it
-    (one level deep: a job running inside another is not interrupted; the first such job in queue order)."""
+class _Task:
+    """A generation the worker is running: its job, its steps (a generator that yields a decode request, or None at a
+    cycle boundary) and its slot."""
 
-    def __init__(self, max_queue: int | None) -> None:
+    __slots__ = ("job", "steps", "slot", "request", "out_at", "seq")
+
+    def __init__(self, job: Job, steps: Generator[Any, Any, None], slot: int, seq: int) -> None:
+        self.job, self.steps, self.slot, self.seq = job, steps, slot, seq
+        self.request: Any = None  # the decode it waits for, between a yield and the worker's answer
+        self.out_at = 0.0  # when it last yielded (the time until it runs again is not its own: Job.paused)
+
+
+class Worker:
+    """One thread that owns the llama.cpp contexts, `parallel` slots and a queue of jobs.
+
+    A generation job (Job.steps) is bound to a free slot for its life and advanced cycle by cycle together with the
+    others: every round gives each active generation one turn (a short one, Job.short, a second turn while longer ones
+    run); the decodes the turns ask for are handed to `execute` together (the engine verifies them in one llama_decode
+    where that pays) and each result is sent back to its generation. Queued short jobs are admitted first; when every
+    slot is taken, a short job displaces the running long generation with the most tokens to go: `park(slot)` sets its
+    cache aside in host memory, and `unpark(slot, saved)` puts it back once the short one has ended. A plain job
+    (Job.run: the engine's submit) runs alone, when no generation is active; generations queued behind it wait.
+    A cancelled queued job never starts. Everything here runs in the worker thread, so the generations share
+    the engine's state without locks; only the queue is shared with callers."""
+
+    SHORT_TURNS = 2  # turns per round of a short generation while a long one runs beside it
+
+    def __init__(
+        self,
+        max_queue: int | None,
+        *,
+        parallel: int = 1,
+        execute: Callable[[list[Any]], list[Any]] | None = None,
+        choose_slot: Callable[[Job, list[int]], int] | None = None,
+        park: Callable[[int], Any] | None = None,
+        unpark: Callable[[int, Any], None] | None = None,
+    ) -> None:
         self.max_queue = max_queue
+        self.parallel = parallel
+        self._execute = execute or (lambda reqs: [_run_request(r) for r in reqs])
+        self._choose_slot = choose_slot or (lambda job, free: free[0])
+        self._park, self._unpark = park, unpark
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
-        self.current: Job | None = None
-        self.nested: Job | None = None  # a short job running inside `current` (take_shorter)
+        self._active: list[_Task] = []
+        self._parked: dict[int, _Task] = {}  # slot -> the long generation a short one displaced there
+        self._seq = 0
+        self.current: Job | None = None  # the plain job running (Job.run)
         self.thread = threading.Thread(target=self._loop, name="edgespec-engine", daemon=True)
         self.thread.start()
 
+    # -------------------------------------------------------------------------------- what callers see
     @property
     def pending(self) -> int:
+        """Jobs waiting for a slot (parked generations included)."""
         with self._cond:
-            return sum(1 for j in self._queue if not j.cancel_event.is_set())
+            return sum(1 for j in self._queue if not j.cancel_event.is_set()) + len(self._parked)
+
+    @property
+    def busy(self) -> int:
+        """Slots generating now."""
+        with self._cond:
+            return len(self._active)
+
+    def running(self) -> list[Job]:
+        """The jobs running now (a plain job or the active generations)."""
+        with self._cond:
+            return [self.current] if self.current is not None else [t.job for t in self._active]
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -157,69 +216,231 @@ class Worker:
             self._queue.append(job)
             self._cond.notify_all()
 
-    def take_shorter(self, remaining: int) -> Job | None:
-        """For the running generation at a cycle boundary, with up to `remaining` tokens still to go: the first
-        queued short job that generates fewer, taken off the queue (run it with run_nested), or None."""
-        with self._cond:
-            if self.nested is not None or self._closed or threading.current_thread() is not self.thread:
-                return None
-            for job in self._queue:
-                if job.short and job.size is not None and job.size < remaining and not job.cancel_event.is_set():
-                    self._queue.remove(job)
-                    self.nested = job
-                    return job
-        return None
-
-    def put_back(self, job: Job) -> None:
-        """A job taken by take_shorter that will not run inside the current one after all: first in the queue."""
-        with self._cond:
-            self.nested = None
-            self._queue.appendleft(job)
-            self._cond.notify_all()
-
-    def run_nested(self, job: Job) -> None:
-        """Run a job taken by take_shorter, here in the worker thread, inside the current one."""
-        try:
-            job.run()
-        except Exception:  # as in _loop: one job's bookkeeping never ends the one it ran inside
-            pass
-        finally:
-            with self._cond:
-                self.nested = None
-                self._cond.notify_all()
-
+    # -------------------------------------------------------------------------------- the loop
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while not self._queue and not self._active and not self._parked and not self._closed:
                     self._cond.wait()
-                if not self._queue:
+                if self._closed and not self._queue and not self._active and not self._parked:
                     return  # closed and drained
-                job = self._queue.popleft()
-                self.current = job
-            try:
-                if job.cancel_event.is_set():
-                    job.drop()  # its client left before it started
+                dropped = [j for j in self._queue if j.cancel_event.is_set()]
+                for j in dropped:
+                    self._queue.remove(j)
+                plain = self._take_plain()
+            for j in dropped:
+                self._safely(j.drop)  # its client left before it started
+            if plain is not None:
+                self._run_plain(plain)
+                continue
+            self._admit()
+            if self._active:
+                self._round()
+
+    def _take_plain(self) -> Job | None:
+        """(Under the lock.) The plain job at the head of the queue, when no generation is active (it runs alone)."""
+        if self._active or self._parked or not self._queue or self._queue[0].steps is not None:
+            return None
+        if any(j.short for j in self._queue):  # a short generation queued behind it goes first
+            return None
+        return self._queue.popleft()
+
+    def _run_plain(self, job: Job) -> None:
+        with self._cond:
+            self.current = job
+        try:
+            job.run()
+        except Exception:  # never lose the worker (and with it every later job) to one job's bookkeeping
+            pass
+        finally:
+            with self._cond:
+                self.current = None
+                self._cond.notify_all()
+
+    def _admit(self) -> None:
+        """Start queued generations in free slots (short ones first; none behind a queued plain job), and let a
+        queued short one displace a long generation when every slot is taken."""
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                queued = [j for j in self._queue if not j.cancel_event.is_set()]
+                pick = next((j for j in queued if j.short and j.steps is not None), None)
+                if pick is None and queued and queued[0].steps is not None:
+                    pick = queued[0]
+                if pick is None:
+                    return
+                used = {t.slot for t in self._active}
+                free = [s for s in range(self.parallel) if s not in used]
+                victim = None
+                if not free:
+                    victim = self._victim(pick) if self._park is not None else None
+                    if victim is None:
+                        return
+                self._queue.remove(pick)
+            if victim is not None:
+                try:
+                    saved = self._park(victim.slot)  # type: ignore[misc]
+                except BaseException as e:  # the long one cannot be set aside: it fails, and its slot is free
+                    self._fail(victim, e)
                 else:
-                    job.run()
-            except Exception:  # never lose the worker (and with it every later job) to one job's bookkeeping
-                pass
-            finally:
-                with self._cond:
-                    self.current = None
-                    self._cond.notify_all()
+                    with self._cond:
+                        self._active.remove(victim)
+                        self._parked[victim.slot] = victim
+                    victim.job.parked = saved
+                    victim.out_at = time.perf_counter()
+                free = [victim.slot]
+            slot = self._choose_slot(pick, free)
+            self._start(pick, slot)
+
+    def _victim(self, job: Job) -> _Task | None:
+        """(Under the lock.) The long generation a queued short `job` may displace: the one with the most tokens to go,
+        if that is more than the short job generates at most."""
+        if not job.short or job.size is None:
+            return None
+        best = None
+        for t in self._active:
+            if t.job.short or t.slot in self._parked or t.job.size is None:
+                continue
+            left = t.job.size - t.job.progress
+            if left > job.size and (best is None or left > best.job.size - best.job.progress):  # type: ignore[operator]
+                best = t
+        return best
+
+    def _start(self, job: Job, slot: int) -> None:
+        job.started = True
+        job.started_at = time.perf_counter()
+        job.slot = slot
+        try:
+            steps = job.steps(job, slot)  # type: ignore[misc]
+        except BaseException as e:
+            job.error, job._error_tb = e, e.__traceback__
+            job.finish()
+            self._slot_freed(slot)
+            return
+        self._seq += 1
+        task = _Task(job, steps, slot, self._seq)
+        task.out_at = job.started_at
+        with self._cond:
+            self._active.append(task)
+
+    def _round(self) -> None:
+        """One turn for every active generation (short ones first, and again while long ones run)."""
+        tasks = sorted(self._active, key=lambda t: (not t.job.short, t.seq))
+        waves = [tasks]
+        if any(not t.job.short for t in tasks):
+            shorts = [t for t in tasks if t.job.short]
+            waves += [shorts] * (self.SHORT_TURNS - 1) if shorts else []
+        for wave in waves:
+            waiting = []
+            for t in wave:
+                if t in self._active and self._step(t, None, None):
+                    waiting.append(t)
+            while waiting:  # their decodes, together; each then runs on to its cycle boundary (or its next decode)
+                results = self._run_requests([t.request for t in waiting])
+                again = []
+                for t, (value, error, seconds) in zip(waiting, results):
+                    if self._step(t, value, error, seconds):
+                        again.append(t)
+                waiting = again
+
+    def _run_requests(self, requests: list[Any]) -> list[tuple[Any, BaseException | None, float]]:
+        """(result, error, seconds of the decode each waited in) for each request, from the engine's execute."""
+        t0 = time.perf_counter()
+        try:
+            out = self._execute(requests)
+        except BaseException as e:  # all of them share the failure
+            dt = time.perf_counter() - t0
+            return [(None, e, dt) for _ in requests]
+        dt = time.perf_counter() - t0
+        return [(None, r, dt) if isinstance(r, BaseException) else (r, None, dt) for r in out]
+
+    def _step(self, task: _Task, value: Any, error: BaseException | None, waited_in: float = 0.0) -> bool:
+        """Run a generation from where it stands to its next yield: True when it waits for a decode (task.request)."""
+        job = task.job
+        now = time.perf_counter()
+        job.paused += max(0.0, now - task.out_at - waited_in)  # the time others ran is not this generation's
+        try:
+            if error is not None:
+                item = task.steps.throw(error)
+            else:
+                item = task.steps.send(value)
+        except StopIteration:
+            self._end(task)
+            return False
+        except BaseException as e:
+            self._fail(task, e)
+            return False
+        task.out_at = time.perf_counter()
+        task.request = item
+        return item is not None
+
+    def _fail(self, task: _Task, error: BaseException) -> None:
+        task.job.error, task.job._error_tb = error, error.__traceback__
+        self._end(task)
+
+    def _end(self, task: _Task) -> None:
+        """A generation ended: its slot goes back to the generation parked there, if any, or becomes free."""
+        with self._cond:
+            if task in self._active:
+                self._active.remove(task)
+        task.job.finish()
+        self._slot_freed(task.slot)
+
+    def _slot_freed(self, slot: int) -> None:
+        with self._cond:
+            back = self._parked.pop(slot, None)
+            self._cond.notify_all()
+        if back is None:
+            return
+        if back.job.cancel_event.is_set():  # its client left while it was set aside: end it without restoring
+            self._close_parked(back)
+            return
+        try:
+            self._unpark(slot, back.job.parked)  # type: ignore[misc]
+        except BaseException as e:
+            back.job.parked = None
+            self._fail(back, e)
+            return
+        back.job.parked = None
+        with self._cond:
+            self._active.append(back)
+
+    def _close_parked(self, task: _Task) -> None:
+        task.job.parked = None
+        try:
+            task.steps.close()
+        except BaseException as e:
+            task.job.error, task.job._error_tb = e, e.__traceback__
+        task.job.finish()
+
+    @staticmethod
+    def _safely(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            pass
 
     def shutdown(self) -> None:
         with self._cond:
             self._closed = True
             for job in self._queue:
                 job.cancel()
-            for running in (self.current, self.nested):
-                if running is not None:
-                    running.cancel()
+            for t in [*self._active, *self._parked.values()]:
+                t.job.cancel()
+            if self.current is not None:
+                self.current.cancel()
             self._cond.notify_all()
         if threading.current_thread() is not self.thread:
             self.thread.join()
+
+
+def _run_request(request: Any) -> Any:
+    """A decode request run alone (the default execute: request.run(), or its error)."""
+    try:
+        return request.run()
+    except BaseException as e:
+        return e
 
 
 def shutdown(worker: "Worker", models: list[Any], memory: Any = None, memory_path: str | None = None) -> None:

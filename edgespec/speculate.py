@@ -247,7 +247,51 @@ def _cut_impossible(proposal: Proposal, budget: int, n_vocab: int) -> tuple[list
     return draft, q, len(draft)
 
 
-def speculate(
+def speculate(target: LanguageModel, tokens: Sequence[int], sampling: SamplingParams, rng: Any, **kw: Any) -> Generator[Step, None, None]:
+    """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle (speculate_steps, with every
+    target decode run at once, here)."""
+    steps = speculate_steps(target, tokens, sampling, rng, **kw)
+    try:
+        item = next(steps)
+        while True:
+            if isinstance(item, Verify):
+                item = steps.send(item.run())
+            else:
+                yield item
+                item = next(steps)
+    except StopIteration:
+        return
+    finally:
+        steps.close()
+
+
+@dataclass(eq=False)
+class Verify:
+    """A target decode a cycle waits for: speculate_steps yields it, and the caller sends back its logits (run() does
+    it alone; a scheduler may run several generations' Verify in one llama_decode, backend.Model.decode_parts). A chain
+    of `tokens` appended at the model's n_past with logits for `rows`, or a token tree (depths, seq_ids: as for
+    decode_tree; start_pos, which must be the model's n_past, is checked there). `shared`: the caller ran it together
+    with other rows, so its time is not this cycle's to learn from."""
+
+    model: Any
+    tokens: list[int]
+    rows: Sequence[int] = ()
+    start_pos: int | None = None
+    depths: Sequence[int] | None = None
+    seq_ids: Sequence[Sequence[int]] | None = None
+    shared: bool = False
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.tokens)
+
+    def run(self) -> np.ndarray:
+        if self.depths is None:
+            return self.model.decode(self.tokens, self.start_pos if self.start_pos is not None else self.model.n_past, self.rows)
+        return self.model.decode_tree(self.tokens, self.depths, self.seq_ids)
+
+
+def speculate_steps(
     target: LanguageModel,
     tokens: Sequence[int],
     sampling: SamplingParams,
@@ -264,8 +308,9 @@ def speculate(
     constraint: TokenConstraint | None = None,
     forced_drafts: bool = True,
     logprobs: int | None = None,
-) -> Generator[Step, None, None]:
-    """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle.
+) -> Generator[Step | Verify, np.ndarray, None]:
+    """Generate up to `max_tokens` tokens after `tokens`, yielding one Step per cycle, and before it the cycle's
+    target decode as a Verify, whose logits the caller sends back (the prefill and the draft's decodes run here).
 
     Stops at an end-of-generation token (included in the last step), at max_tokens, when the context is full, or
     when `should_stop()` turns true (checked before every cycle and between prefill chunks), or where the constraint
@@ -346,12 +391,12 @@ def speculate(
                 if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
                     target.truncate(L - 1)
                     pending = None
-                cycle = _tree_cycle(
+                cycle = yield from _tree_cycle(
                     target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None, proposal.sampled_chances,
                     vocab,
                 )
             else:
-                cycle = _chain_cycle(
+                cycle = yield from _chain_cycle(
                     target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None, vocab
                 )
                 pending = None
@@ -359,7 +404,7 @@ def speculate(
             t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
             # rows, see _known_rows): their time must not teach the costs
-            t_verify = t2 - t1 if stats.n_cycles and not skipped else 0.0
+            t_verify = t2 - t1 if stats.n_cycles and not skipped and not cycle.shared else 0.0
             eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
             if eog_at is not None:
                 new = new[: eog_at + 1]
@@ -479,14 +524,19 @@ def _known_rows(masks: Sequence[np.ndarray], n_decode: int, n_vocab: int) -> dic
     return out
 
 
-def _decode_rows(target: LanguageModel, tokens: Sequence[int], start_pos: int, known: dict[int, int]) -> np.ndarray:
-    """target.decode(tokens, start_pos, every row), except that a row in `known` ({row: token}) is not computed and
-    stands as a one-hot logits row (0 at its token, -inf elsewhere): after its mask, the same distribution."""
+def _decode_rows(
+    target: LanguageModel, tokens: Sequence[int], start_pos: int, known: dict[int, int], shared: list[bool]
+) -> Generator[Verify, np.ndarray, np.ndarray]:
+    """The target's decode of `tokens` at start_pos (yielded as a Verify) with every row, except that a row in `known`
+    ({row: token}) is not computed and stands as a one-hot logits row (0 at its token, -inf elsewhere): after its
+    mask, the same distribution. shared: [True] once the decode was run together with other rows (Verify.shared)."""
     n = len(tokens)
-    if not known:
-        return target.decode(tokens, start_pos, range(n))
     need = [i for i in range(n) if i not in known]
-    got = target.decode(tokens, start_pos, need)
+    v = Verify(target, list(tokens), need, start_pos)
+    got = yield v
+    shared[0] = shared[0] or v.shared
+    if not known:
+        return got
     out = np.full((n, target.n_vocab), -np.inf, dtype=np.float32)
     for j, i in enumerate(need):
         out[i] = got[j]
@@ -506,6 +556,7 @@ class _Verified(NamedTuple):
     rows: list[np.ndarray] | None
     skipped: int
     chances: tuple[float, ...]
+    shared: bool = False  # its decode ran together with other generations' rows (Verify.shared)
 
 
 def _chain_cycle(
@@ -520,7 +571,7 @@ def _chain_cycle(
     constraint: TokenConstraint | None = None,
     want_rows: bool = False,
     infill_vocab: InfillVocab | None = None,
-) -> _Verified:
+) -> Generator[Verify, np.ndarray, _Verified]:
     """Verify a chain of drafts in one decode."""
     L = len(ctx)
     draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
@@ -534,17 +585,18 @@ def _chain_cycle(
             else:  # forbidden: a certain rejection, never decoded, and nothing after it
                 draft, q, n_decode = draft[: n_ok + 1], q[: n_ok + 1], n_ok
     known = _known_rows(masks, n_decode, target.n_vocab) if masks is not None and SKIP_KNOWN_ROWS else {}
+    shared = [False]
     if pending is None:  # the cache holds all but the last token, which opens the verify batch
-        logits = _decode_rows(target, [ctx[-1]] + draft[:n_decode], L - 1, known)
+        logits = yield from _decode_rows(target, [ctx[-1]] + draft[:n_decode], L - 1, known, shared)
     else:  # first cycle: the prefill decoded the last prompt token already; only drafts are decoded
         known.pop(0, None)  # row 0 is the prefill's, computed already
-        rows = _decode_rows(target, draft[:n_decode], L, {i - 1: t for i, t in known.items()}) if n_decode else pending[:0]
+        rows = (yield from _decode_rows(target, draft[:n_decode], L, {i - 1: t for i, t in known.items()}, shared)) if n_decode else pending[:0]
         logits = np.concatenate([pending, rows])
     verdict = verify(draft, q, logits, ctx, sampling, rng, stats, masks, proposal.sampled_chances, infill_vocab)
     n = verdict.n_accepted
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
-    return _Verified(draft[:n] + [verdict.token], len(draft), n, own_rows, len(known), verdict.chances)
+    return _Verified(draft[:n] + [verdict.token], len(draft), n, own_rows, len(known), verdict.chances, shared[0])
 
 
 class _TreeRows(Sequence[Any]):
@@ -598,7 +650,7 @@ def _tree_cycle(
     want_rows: bool = False,
     sampled_chances: bool = False,
     infill_vocab: InfillVocab | None = None,
-) -> _Verified:
+) -> Generator[Verify, np.ndarray, _Verified]:
     """Verify a token tree in one decode and keep the accepted path (n_drafted: the nodes decoded; skipped: 0, except in
     the plain step of a tree that does not fit, see _chain_cycle).
     Nodes deeper than `budget` are dropped first, then the last nodes (insertion order: a node's children keep a prefix
@@ -612,10 +664,11 @@ def _tree_cycle(
     if tree.max_depth > budget or len(tree) > room:
         tree = _prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
-        return _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows, infill_vocab)
+        return (yield from _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows, infill_vocab))
     masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
     tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
-    logits = target.decode_tree(tb.tokens, [p - (L - 1) for p in tb.positions], tb.seq_ids)
+    v = Verify(target, list(tb.tokens), depths=[p - (L - 1) for p in tb.positions], seq_ids=tb.seq_ids)
+    logits = yield v
     rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling, masks, infill_vocab)
     if sampling.greedy:
         verdict = accept_tree_greedy(tree, rows)
@@ -632,7 +685,7 @@ def _tree_cycle(
             apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
         ]
     chances = _chain_chances(tree, rows, verdict.path, sampled_chances and not isinstance(rng, PositionalUniforms)) if not sampling.greedy else ()
-    return _Verified(verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0, chances)
+    return _Verified(verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0, chances, v.shared)
 
 
 def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], sampled: bool) -> tuple[float, ...]:

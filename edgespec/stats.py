@@ -14,9 +14,11 @@ from typing import Any
 
 @dataclass
 class Timings:
-    """Seconds spent, split by where. `queue` is time waiting for the engine (not part of wall)."""
+    """Seconds spent, split by where. `queue` is time waiting for the engine and `waited` time the generation stood
+    aside while other generations ran beside it (neither is part of wall)."""
 
     queue: float = 0.0
+    waited: float = 0.0
     prefill: float = 0.0
     draft: float = 0.0
     target: float = 0.0

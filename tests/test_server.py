@@ -522,7 +522,7 @@ def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, refere
             assert held.wait(20), "the prefill never got to its third chunk"
             assert 2 * engine.target.n_batch <= engine.target.n_past < n_prompt // 2
         # the connection closes while the prompt is processed: the server cancels the job, then the engine goes on
-        wait_for(lambda: (j := engine._worker.current) is not None and j.cancel_event.is_set(), what="the server to cancel")
+        wait_for(lambda: any(j.cancel_event.is_set() for j in engine._worker.running()), what="the server to cancel")
     finally:
         go.set()
         monkeypatch.setattr(C, "llama_decode", real_decode)

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from ..config import MAX_PARALLEL
 from ..errors import EdgespecError
 from .common import load_engine, model_options
 
@@ -97,6 +98,8 @@ def _header_timeout_protocol(seconds: float) -> Any:
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Browser origin allowed to call the server besides pages on localhost (repeatable; '*' = any).")
 @click.option("--alias", default=None, help="Model id reported by /v1/models and in responses (default: the target file's name).")
+@click.option("--parallel", type=click.IntRange(1, MAX_PARALLEL), default=None,
+              help="Slots: requests generated at once, each with a whole context in both models (default: up to 4, as memory allows).")
 @click.option("--prompt-cache-mb", type=click.FloatRange(0, 1 << 20), default=256, show_default=True,
               help="Host memory per model for KV snapshots of conversations (0 = none).")
 @click.option("--header-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
@@ -120,7 +123,7 @@ def serve(**kw: Any) -> None:
     why = check_api_key(api_key) if api_key else None
     if why:
         raise click.BadParameter(f"no client could send this key: {why}", param_hint="--api-key")
-    max_queue, prompt_cache_mb = kw.pop("max_queue"), kw.pop("prompt_cache_mb")
+    max_queue, prompt_cache_mb, parallel = kw.pop("max_queue"), kw.pop("prompt_cache_mb"), kw.pop("parallel")
     settings = Settings(api_key=api_key or None, cors_origins=tuple(kw.pop("cors_origins")), host=host, model_alias=kw.pop("alias"))
     log_level, header_timeout = kw.pop("log_level"), kw.pop("header_timeout")
     model_kw = dict(kw)
@@ -135,10 +138,10 @@ def serve(**kw: Any) -> None:
     server: Any = None
 
     def load() -> Any:
-        eng = load_engine(dict(model_kw), max_queue=max_queue, prompt_cache_mb=prompt_cache_mb)
+        eng = load_engine(dict(model_kw), max_queue=max_queue, prompt_cache_mb=prompt_cache_mb, parallel=parallel)
         click.echo(f"edgespec: ready: {os.path.basename(eng.target.spec.path)}"
                    + (f" + {os.path.basename(eng.draft.spec.path)}" if eng.draft is not None else "")
-                   + f" (drafter {eng.drafter_kind}, context {eng.target.n_ctx})", err=True)
+                   + f" (drafter {eng.drafter_kind}, {eng.parallel} slot(s) of {eng.target.n_ctx} tokens)", err=True)
         return eng
 
     def on_load_error(e: BaseException) -> None:

@@ -66,9 +66,9 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = server_state(request)
     eng = state.engine
-    pending = eng.pending if eng is not None and not eng.closed else 0
-    running = max(0, min(2, state.metrics.in_flight - pending))  # a short request may run inside a long one
-    text = state.metrics.render(queue_length=pending, running=running, loaded=eng is not None)
+    live = eng is not None and not eng.closed
+    slots = eng.slot_state() if live else {"parallel": 0, "busy": 0, "queued": 0}  # type: ignore[union-attr]
+    text = state.metrics.render(queue_length=slots["queued"], running=slots["busy"], slots=slots["parallel"], loaded=eng is not None)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -42,7 +42,7 @@ class Metrics:
         s["target"] += stats.timings.target
         s["wall"] += stats.wall
 
-    def render(self, *, queue_length: int, running: int, loaded: bool) -> str:
+    def render(self, *, queue_length: int, running: int, loaded: bool, slots: int = 0) -> str:
         out: list[str] = []
 
         def metric(name: str, kind: str, help: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
@@ -67,8 +67,9 @@ class Metrics:
                [({"kind": k}, self.tokens.get(k, 0)) for k in ("prompt", "cached", "prefill", "generated", "drafted", "accepted")])
         metric("seconds_total", "counter", "Engine time by phase (queue = waiting for the engine).",
                [({"phase": k}, self.seconds.get(k, 0.0)) for k in ("queue", "prefill", "draft", "target", "wall")])
-        metric("queue_length", "gauge", "Generations waiting for the engine.", [({}, queue_length)])
-        metric("requests_running", "gauge", "Generations the engine is working on (0-2: a short one may run inside a long one).", [({}, running)])
+        metric("slots_total", "gauge", "Slots: generations that may run at once (serve --parallel).", [({}, slots)])
+        metric("queue_length", "gauge", "Generations waiting for a slot (a long one a short one displaced included).", [({}, queue_length)])
+        metric("requests_running", "gauge", "Generations running now, each in a slot (the busy slots).", [({}, running)])
         metric("requests_in_flight", "gauge", "Generation requests being answered (queued or running).", [({}, self.in_flight)])
         metric("cancel_overrun_tokens_max", "gauge", "Most tokens a cancelled generation produced after its cancel (one cycle at most).",
                [({}, self.cancel_overrun_max)])
