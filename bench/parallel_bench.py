@@ -8,7 +8,8 @@ after another, in one engine, on the default pair, greedy; and the cost of slots
 Throughput = all generated tokens / wall seconds from the first request to the last token (prompts included: both
 ways decode the same prompts; the prompt cache is emptied before each way). Each repeat runs "one after another" and
 "together" in alternating order, seconds apart, and the ratio is taken per repeat (the machine's drift cancels). Every
-stream's text together is compared with its text alone (greedy: equal up to near-ties of batched kernels). --plain
+stream's text together is compared with its text alone (greedy: equal up to near-ties of batched kernels; where one
+differs, "divergences" gives the first differing token and the gap between the target's top-2 logits there). --plain
 runs the same without speculation. --alone-parallel loads one engine per slot count in a fresh process each (one
 process, one OpenMP pool) and times one generation at a time: what slots cost a single user.
 """
@@ -26,6 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
 
 from edgespec import Engine, ModelSpec, SamplingParams  # noqa: E402
 from edgespec.models import resolve_model  # noqa: E402
@@ -65,6 +68,21 @@ def together(eng: Engine, prompts: list[str], tokens: int, speculative: bool) ->
     return time.perf_counter() - t0, out, sum(map(len, out))
 
 
+def near_tie(eng: Engine, prompt: str, alone: list[int], other: list[int]) -> dict[str, Any]:
+    """Where a stream run beside others left its text alone: the token index and the gap between the target's two
+    best logits there (one decode of the prompt and the common prefix, alone in a slot): a small gap is a near-tie
+    that batched and single-row kernels may break either way."""
+    i = next(j for j, (x, y) in enumerate(zip(alone, other)) if x != y) if alone[:len(other)] != other[:len(alone)] else min(len(alone), len(other))
+    ctx = eng.prompt_tokens(messages=[{"role": "user", "content": prompt}]) + alone[:i]
+
+    def gap(e: Engine) -> float:
+        e.target.reset()
+        row = np.sort(e.target.sync(ctx)[0])
+        return float(row[-1] - row[-2])
+
+    return {"token": i, "top2_gap": round(eng.submit(gap).result(), 3)}
+
+
 def aggregate(a: argparse.Namespace) -> dict[str, Any]:
     prompts = PROMPTS[: a.streams]
     res: dict[str, Any] = {"streams": a.streams, "tokens": a.tokens, "repeats": a.repeats}
@@ -73,7 +91,7 @@ def aggregate(a: argparse.Namespace) -> dict[str, Any]:
         eng.generate("warm up", max_tokens=8)
         for speculative in ([False, True] if a.plain else [True]):
             name = "speculative" if speculative else "plain"
-            ratios, rows, same = [], [], []
+            ratios, rows, same, ties = [], [], [], []  # type: ignore[var-annotated]
             for rep in range(a.repeats):
                 order = (one_by_one, together) if rep % 2 == 0 else (together, one_by_one)
                 got = {fn.__name__: fn(eng, prompts, a.tokens, speculative) for fn in order}
@@ -81,10 +99,11 @@ def aggregate(a: argparse.Namespace) -> dict[str, Any]:
                 rate_seq, rate_par = n_seq / s_seq, n_par / s_par
                 ratios.append(rate_par / rate_seq)
                 same.append(sum(x == y for x, y in zip(out_seq, out_par)))
+                ties += [near_tie(eng, p, x, y) for p, x, y in zip(prompts, out_seq, out_par) if x != y]
                 rows.append({"one_by_one_tok_s": round(rate_seq, 2), "together_tok_s": round(rate_par, 2),
                              "ratio": round(rate_par / rate_seq, 3), "identical_streams": f"{same[-1]}/{len(prompts)}"})
                 print(name, rep, rows[-1], file=sys.stderr)
-            res[name] = {"median_ratio": round(statistics.median(ratios), 3), "runs": rows,
+            res[name] = {"median_ratio": round(statistics.median(ratios), 3), "runs": rows, "divergences": ties,
                          "batched_decodes": eng.slots.batched_decodes}
     return res
 

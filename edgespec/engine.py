@@ -12,7 +12,7 @@ thread (it stops within one speculative cycle, or between prefill chunks), `clos
 Up to `parallel` generations run at once, each in its own slot, advanced cycle by cycle together (generation.Worker):
 their verify decodes go to the target in ONE llama_decode where the live cost curve says that costs less than
 separate ones (_Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
-infill, or at most SHORT_TOKENS tokens) is admitted first, takes two turns to a long one's, and when every slot is
+infill, or at most SHORT_TOKENS tokens) is admitted first, takes four turns to a long one's one, and when every slot is
 busy it displaces the long generation with the most to go, whose cache is set aside in host memory and restored
 after (its output is unchanged). Conversations keep their KV cache: a generation goes to the free slot that already
 holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (backend.PromptCache)
@@ -59,7 +59,7 @@ from .suffix_index import default_path as suffix_default_path
 from .stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
-# A generation of at most this many tokens (or any infill) is short: it is admitted before longer ones, gets two turns
+# A generation of at most this many tokens (or any infill) is short: it is admitted before longer ones, gets four turns
 # to their one, and may displace a long one when every slot is busy (an editor's completion, a chat's title).
 SHORT_TOKENS = 64
 # Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the

@@ -150,7 +150,7 @@ class Worker:
     """One thread that owns the llama.cpp contexts, `parallel` slots and a queue of jobs.
 
     A generation job (Job.steps) is bound to a free slot for its life and advanced cycle by cycle together with the
-    others: every round gives each active generation one turn (a short one, Job.short, a second turn while longer ones
+    others: every round gives each active generation one turn (a short one, Job.short, more turns, SHORT_TURNS, while longer ones
     run); the decodes the turns ask for are handed to `execute` together (the engine verifies them in one llama_decode
     where that pays) and each result is sent back to its generation. Queued short jobs are admitted first; when every
     slot is taken, a short job displaces the running long generation with the most tokens to go: `park(slot)` sets its
@@ -159,7 +159,7 @@ class Worker:
     A cancelled queued job never starts. Everything here runs in the worker thread, so the generations share
     the engine's state without locks; only the queue is shared with callers."""
 
-    SHORT_TURNS = 2  # turns per round of a short generation while a long one runs beside it
+    SHORT_TURNS = 4  # turns per round of a short generation while a long one runs beside it (a short one is <= 64 tokens)
 
     def __init__(
         self,

@@ -274,7 +274,7 @@ def test_worker_rounds_without_llama():
     finally:
         w.shutdown()
     assert batches[0] == ["S0", "L0"] and batches[1] == ["S1"]  # both first turns in one execute; then the short one's second
-    assert log[:3] == ["S", "L", "S"]  # two turns for the short one in each round
+    assert log[:3] == ["S", "L", "S"]  # more turns for the short one in each round
     assert log.count("S") == 4 and log.count("L") == 6
 
 
