@@ -187,10 +187,12 @@ class CostModel:
         self.overhead = float(overhead)
         self.alpha = float(alpha)
         self.frozen = frozen or self.curve.frozen  # costs over a frozen curve learn nothing else from the clock either
-        # rows other generations put in the same verify decode (the engine's slots, batched): this generation's share
-        # of a decode of n rows is then verify(others + n) * n / (others + n), so on a flat curve each drafted row
-        # takes time from the others and shorter drafts pay; on a linear one nothing changes
-        self.others = 0
+        # rows other generations put in the same verify decode (the engine's slots, batched): a decode of n rows then
+        # costs this generation its share of one row, verify(others + 1) / (others + 1), plus all that its n - 1 drafted
+        # rows add to the shared decode, verify(others + n) - verify(others + 1) (the others wait for them too): on a
+        # flat curve a draft that pushes the batch over a step pays the whole step, and shorter drafts pay; on a linear
+        # curve nothing changes. Shared with every view() of this model (one generation's drafters).
+        self._others = [0]
 
     @classmethod
     def from_relative(
@@ -200,19 +202,31 @@ class CostModel:
         return cls({n: c_token * r for n, r in relative.items()}, c_draft, overhead, alpha)
 
     def view(self, c_draft: float) -> "CostModel":
-        """Another drafter's cost model on the same curve (shared: what one learns, the other sees)."""
-        return CostModel(self.curve, c_draft=c_draft, overhead=self.overhead, alpha=self.alpha, frozen=self.frozen)
+        """Another drafter's cost model on the same curve (shared: what one learns, the other sees), and the same rows
+        of other generations beside it (`others`)."""
+        out = CostModel(self.curve, c_draft=c_draft, overhead=self.overhead, alpha=self.alpha, frozen=self.frozen)
+        out._others = self._others
+        return out
+
+    @property
+    def others(self) -> int:
+        return self._others[0]
+
+    @others.setter
+    def others(self, n: int) -> None:
+        self._others[0] = int(n)
 
     @property
     def points(self) -> dict[int, float]:
         return self.curve.points
 
     def verify(self, n: int) -> float:
-        """Seconds of a verify decode of n rows: this generation's share when others' rows ride along (`others`)."""
+        """Seconds of a verify decode of n rows; with others' rows in the same decode (`others`), what this generation's
+        rows cost the batch (see __init__)."""
         if self.others <= 0 or n <= 0:
             return self.curve(n)
-        total = self.others + n
-        return self.curve(total) * n / total
+        base = self.curve(self.others + 1)
+        return base / (self.others + 1) + self.curve(self.others + n) - base
 
     def cycle_time(self, k: int, extra_rows: int = 0) -> float:
         """T(k) = k * c_draft + verify(k + 1) + overhead; T(0) is one plain decoding step. extra_rows: verify rows

@@ -236,6 +236,7 @@ class TraceTarget:
         self.clock = clock
         self.cached: list[int] = []
         self.prefill_rows = False  # did the loop's prefill ask for the last prompt token's logits?
+        self.charge = True  # False while replay_streams runs its decode inside a batch it charges once
 
     @property
     def n_past(self) -> int:
@@ -258,7 +259,8 @@ class TraceTarget:
     def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
         assert start_pos == len(self.cached), (start_pos, len(self.cached))
         n = len(tokens)
-        self.clock.now += self.verify(n) * self.factor(n, start_pos + n)
+        if self.charge:
+            self.clock.now += self.verify(n) * self.factor(n, start_pos + n)
         self.cached += list(tokens)
         self.n_decoded += n
         return self._rows(start_pos, [r % n for r in rows])
@@ -270,7 +272,8 @@ class TraceTarget:
         only along the trace), so it is left all zeros."""
         start = len(self.cached)
         n = len(tokens)
-        self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
+        if self.charge:
+            self.clock.now += self.verify(n) * self.factor(n, start + max(depths) + 1)
         out = self._tree_rows(start, tokens, depths, seq_ids)
         self.cached.append(int(tokens[0]))
         self.n_decoded += n
@@ -645,6 +648,145 @@ def run_one(
     if kind is not None:
         state.end_generation(speculator, kind, spec, cm)
     return stats, target.prefill_rows
+
+
+def replay_streams(
+    recs: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], kind: str | None, cost: Curve, state: LearningState, spec: Any,
+) -> dict[str, float]:
+    """Replay greedy recorded prompts as streams running together in an engine's slots (issue 34), on one virtual
+    clock: each round every stream drafts (its draft's decodes charged one after another, as the engine runs them)
+    and the rounds' verify decodes run as the engine's _Slots.execute runs them: in one decode charged verify(all
+    rows) where the learnt curve says that costs less than BATCH_GAIN of the separate decodes, else one by one; each
+    stream plans its drafts with the others' rows beside it (CostModel.others), as Engine._steps does. One stream is
+    the engine alone. Returns the clock's seconds, the tokens, drafted tokens and cycles."""
+    from edgespec.config import SamplingParams
+    from edgespec.costs import VerifyCurve
+    from edgespec.engine import BATCH_GAIN
+    from edgespec.speculate import Verify, speculate_steps
+    from edgespec.stats import GenerationStats
+
+    clock = Clock()
+    truth = VerifyCurve(cost.verify)
+    sampling = SamplingParams(temperature=0)
+    rng = np.random.default_rng(0)
+    streams = []
+    for rec in recs:
+        prompt, trace = list(rec["prompt"]), list(rec["trace"])
+        eog = frozenset(meta["eog_ids"])
+        target = TraceTarget(prompt + trace, int(meta["n_vocab"]), eog, truth, cost.overhead, clock, cost.verify_factor)
+        draft = RecordedDraft(len(prompt), rec["segments"], int(meta["draft_len"]), eog, cost, clock)
+        cm = state.cost_model()
+        spc = None
+        if kind is not None:
+            spc = state.speculator(kind, spec, sampling, cm, draft, tree_paths=replay_tree_paths(kind, spec, meta))
+            if state.model_draft_used(kind, spec, cm) and len(prompt) > 1:
+                draft.cached = prompt[:-1]
+        stats = GenerationStats()
+        max_tokens = int(meta["max_tokens"]) if rec.get("stop") == "eos" else len(trace)
+        gen = speculate_steps(target, prompt, sampling, rng, max_tokens=max_tokens, speculator=spc, stats=stats, clock=clock.perf_counter)
+        streams.append({"gen": gen, "target": target, "cm": cm, "spc": spc, "stats": stats, "out": [], "trace": trace,
+                        "rec": rec, "item": None})
+    last_rows: dict[int, int] = {}
+    active = list(range(len(streams)))
+
+    def advance(i: int, value: Any) -> bool:
+        """Stream i on to its next Verify (True) or the end of its cycle (False; finished streams leave `active`)."""
+        st = streams[i]
+        try:
+            item = st["gen"].send(value)
+        except StopIteration:
+            active.remove(i)
+            last_rows.pop(i, None)
+            if st["spc"] is not None:
+                state.end_generation(st["spc"], kind, spec, st["cm"])  # type: ignore[arg-type]
+            if st["out"] != st["trace"][: len(st["out"])]:
+                raise RuntimeError(f"{st['rec']['name']}: the replay left the recorded trace") from None
+            return False
+        if isinstance(item, Verify):
+            st["item"] = item
+            return True
+        st["out"] += item.tokens
+        return False
+
+    while active:
+        waiting = []
+        for i in list(active):
+            streams[i]["cm"].others = sum(n for j, n in last_rows.items() if j != i) if i in last_rows else 0
+            if advance(i, None):
+                waiting.append(i)
+        while waiting:
+            reqs = [streams[i]["item"] for i in waiting]
+            sizes = [r.n_rows for r in reqs]
+            curve = state.curve
+            results = []
+            if len(reqs) > 1 and curve(sum(sizes)) < BATCH_GAIN * sum(curve(n) for n in sizes):
+                depth = max(r.model.n_past + r.n_rows for r in reqs)
+                for r in reqs:
+                    r.model.charge = False
+                    results.append(r.run())
+                    r.model.charge = True
+                    r.shared = True
+                seconds = truth(sum(sizes)) * cost.verify_factor(sum(sizes), depth)
+                clock.now += seconds
+                curve.update(sum(sizes), seconds)
+                last_rows.update({i: n for i, n in zip(waiting, sizes)})
+            else:
+                results = [r.run() for r in reqs]
+                for i in waiting:
+                    last_rows.pop(i, None)
+            waiting = [i for i, res in zip(waiting, results) if advance(i, res)]
+    return {"seconds": clock.now, "tokens": float(sum(len(st["out"]) for st in streams)),
+            "drafted": float(sum(st["stats"].n_drafted for st in streams)), "cycles": float(sum(st["stats"].n_cycles for st in streams))}
+
+
+def predict_streams(data: Mapping[str, Any], cost: Curve, spec: Any, n: int, suites: Sequence[str] = (),
+                    kinds: Sequence[str] = KINDS) -> dict[str, Any]:
+    """The aggregate rate of n streams together against the same prompts one after another (replay_streams), per suite
+    (its prompts in groups of n, each way from a fresh engine state), for plain decoding and each drafter kind; with
+    the drafted tokens per cycle each way (shorter drafts beside others on flat curves)."""
+    if data.get("format") == 3:
+        raise ValueError("the streams replay takes greedy recordings")
+    out: dict[str, Any] = {"curve": cost.name, "streams": n, "suites": {}}
+    by_suite: dict[str, list[Any]] = {}
+    for p in data["prompts"]:
+        if not suites or p["suite"] in suites:
+            by_suite.setdefault(p["suite"], []).append(p)
+    for suite, recs in by_suite.items():
+        groups = [recs[i:i + n] for i in range(0, len(recs) - n + 1, n)] or [recs]
+        row: dict[str, Any] = {}
+        plain_alone = 1.0
+        for kind in (None, *kinds):
+            ways = {}
+            for way in ("alone", "together"):
+                state = new_state(cost)
+                tot = {"seconds": 0.0, "tokens": 0.0, "drafted": 0.0, "cycles": 0.0}
+                for g in groups:
+                    parts = [replay_streams([r], data, kind, cost, state, spec) for r in g] if way == "alone" else \
+                        [replay_streams(g, data, kind, cost, state, spec)]
+                    for part in parts:
+                        for k in tot:
+                            tot[k] += part[k]
+                ways[way] = tot
+            a, t = ways["alone"], ways["together"]
+            if kind is None:
+                plain_alone = a["tokens"] / a["seconds"]
+            row[str(kind or "plain")] = {
+                "ratio": round((t["tokens"] / t["seconds"]) / (a["tokens"] / a["seconds"]), 3),
+                "together_vs_plain_alone": round((t["tokens"] / t["seconds"]) / plain_alone, 3),
+                "drafted_per_cycle": [round(a["drafted"] / max(a["cycles"], 1), 2), round(t["drafted"] / max(t["cycles"], 1), 2)],
+            }
+        out["suites"][suite] = row
+    return out
+
+
+def format_streams(res: Mapping[str, Any]) -> str:
+    lines = [f"{res['curve']}: {res['streams']} streams, aggregate tok/s together / the same kind one after another "
+             "[together / plain one after another] (drafted per cycle alone -> together)"]
+    for suite, row in res["suites"].items():
+        cells = [f"{k} {v['ratio']:.2f} [{v['together_vs_plain_alone']:.2f}] ({v['drafted_per_cycle'][0]} -> {v['drafted_per_cycle'][1]})"
+                 for k, v in row.items()]
+        lines.append(f"  {suite:16} " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
@@ -1232,6 +1374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-rules", action="store_true",
                     help="also fit, per suite, the best fixed confidence / match-run rule for model+ngram (a bound for "
                          "policies that decide from those signals; ~3x slower)")
+    ap.add_argument("--streams", type=int, default=None,
+                    help="N streams together against one after another (an engine's slots; predict_streams), per curve or profile")
     ap.add_argument("--json", type=Path, default=None, help="write the results (a list, one per curve) here")
     a = ap.parse_args(argv)
 
@@ -1270,6 +1414,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2
+    if a.streams is not None:
+        if a.streams < 1:
+            print("predict_speedup: error: --streams must be at least 1", file=sys.stderr)
+            return 2
+        results = []
+        for cost in [c for _, c in profiles] if a.profiles is not None else costs:
+            res = predict_streams(data, cost, spec, a.streams, a.suite, kinds=kinds)
+            results.append(res)
+            print(format_streams(res))
+        if a.json:
+            atomic_write_text(Path(a.json), json.dumps(results, indent=1) + "\n")
+        return 0
     if a.profiles is not None:
         rows = profile_rows(data, profiles, rels or DEFAULT_RELATIVE, spec, a.suite, fit_rules=a.fit_rules, seed=a.replay_seed)
         print(format_profiles(rows))

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 from shared import chi_square
+from test_speculate import exact_distribution  # the target's law, enumerated through llama.cpp
 
 import edgespec.backend as backend
 from edgespec.backend import DecodePart, Model
@@ -24,7 +25,6 @@ from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.engine import Engine
 from edgespec.errors import ConfigError, ContextFullError
 from edgespec.request import GenerationRequest
-from edgespec.sampling import warp
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=4321)
@@ -105,7 +105,7 @@ def test_three_sampled_generations_interleaved_follow_the_target_law(tiny):
         ctx = eng.prompt_tokens(prompt)
         ref = Model(ModelSpec(tiny["target"], n_ctx=512, n_batch=64, n_threads=1))
         try:
-            exact = _exact(ref, ctx, sp, 3)
+            exact = exact_distribution(ref, ctx, sp, 3)
         finally:
             ref.close()
         seqs: list[tuple[int, ...]] = []
@@ -119,25 +119,6 @@ def test_three_sampled_generations_interleaved_follow_the_target_law(tiny):
         assert eng.slots.batched_decodes > 0 and drafted > 0
     p = chi_square(seqs[:CHI_N], exact)
     assert p > ALPHA, f"chi-square p = {p:.2e} (N={CHI_N})"
-
-
-def _exact(target: Model, ctx: list[int], sp: SamplingParams, n: int) -> dict[tuple[int, ...], float]:
-    out: dict[tuple[int, ...], float] = {}
-
-    def rec(prefix: list[int], mass: float) -> None:
-        full = ctx + prefix
-        p = warp(target.sync(full)[0], sp, full)
-        for x in np.flatnonzero(p > 0):
-            m = mass * float(p[x])
-            if m < 1e-12:
-                continue
-            if len(prefix) + 1 == n or target.is_eog(int(x)):
-                out[tuple(prefix + [int(x)])] = out.get(tuple(prefix + [int(x)]), 0.0) + m
-            else:
-                rec(prefix + [int(x)], m)
-
-    rec([], 1.0)
-    return out
 
 
 def test_a_cancelled_generation_frees_its_slot_at_once(tiny):
@@ -279,9 +260,9 @@ def test_worker_rounds_without_llama():
 
 
 def test_drafts_are_planned_for_the_batch_as_a_whole():
-    """CostModel.others (rows other generations put in the same decode): on a flat, GPU-like curve a generation's
-    share of a shared decode grows with its drafts, so it drafts shorter beside others; on a linear curve its share is
-    what it pays alone, and nothing changes."""
+    """CostModel.others (rows other generations put in the same decode): on a flat, GPU-like curve a generation pays
+    a share of one row plus everything its drafts add to the shared decode, so it drafts shorter beside others; on a
+    linear curve that is what it pays alone, and nothing changes."""
     from edgespec.costs import CostModel, best_k
 
     a = [0.8] * 12
@@ -289,7 +270,7 @@ def test_drafts_are_planned_for_the_batch_as_a_whole():
     alone_k = best_k(a, flat, 12)
     flat.others = 24  # three other generations' rows beside it
     assert best_k(a, flat, 12) < alone_k
-    assert flat.verify(8) == pytest.approx(flat.curve(32) * 8 / 32)
+    assert flat.verify(8) == pytest.approx(flat.curve(25) / 25 + flat.curve(32) - flat.curve(25))
     linear = CostModel({1: 1.0, 64: 64.0}, c_draft=0.2)
     k = best_k(a, linear, 12)
     linear.others = 24
