@@ -275,3 +275,28 @@ def test_drafts_are_planned_for_the_batch_as_a_whole():
     k = best_k(a, linear, 12)
     linear.others = 24
     assert best_k(a, linear, 12) == k and linear.verify(5) == pytest.approx(linear.curve(5))
+
+
+def test_asyncio_tasks_stream_together(tiny):
+    """Two asyncio tasks iterating `astream` handles: both get chunks before either ends (they share no thread)."""
+    import asyncio
+
+    async def main(eng: Engine) -> list[list[int]]:
+        events: list[tuple[str, int]] = []
+
+        async def read(name: str, prompt: str) -> list[int]:
+            ids: list[int] = []
+            async for chunk in eng.astream(prompt, sampling=GREEDY, max_tokens=200):
+                ids += chunk.tokens
+                events.append((name, len(ids)))
+            return ids
+
+        out = await asyncio.gather(read("a", PROMPTS[0]), read("b", PROMPTS[1]))
+        first_end = min(events.index(next(e for e in reversed(events) if e[0] == n)) for n in "ab")
+        assert {n for n, _ in events[:first_end]} == {"a", "b"}  # both had chunks before the first one ended
+        return out
+
+    expected = alone(tiny, "none", GREEDY, PROMPTS[:2])
+    with make_engine(tiny, parallel=2) as eng:
+        got = asyncio.run(main(eng))
+    assert [g[:N_TOKENS] for g in got] == expected
