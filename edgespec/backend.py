@@ -358,7 +358,7 @@ class Model:
         self._constraint_vocab: Vocabulary | None = None
         self._infill_vocab: InfillVocab | None = None
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
-        self.n_decoded = 0  # tokens pushed through llama_decode since load (a work counter for tests and stats)
+        self._n_decoded = 0  # tokens pushed through llama_decode since load, all slots (n_decoded)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self._slots: list[Model] = [self]
 
@@ -373,9 +373,18 @@ class Model:
         while len(primary._slots) <= i:
             view = copy.copy(primary)
             view._seq = len(primary._slots) * (1 + primary.tree_paths)
-            view.cached, view._tree, view._tree_seqs, view.n_decoded = [], None, False, 0
+            view.cached, view._tree, view._tree_seqs = [], None, False
             primary._slots.append(view)
         return primary._slots[i]
+
+    @property
+    def n_decoded(self) -> int:
+        """Tokens pushed through llama_decode since load, in every slot of the context (a work counter for tests and stats)."""
+        return int(self._primary.__dict__.get("_n_decoded", 0))
+
+    @n_decoded.setter
+    def n_decoded(self, n: int) -> None:
+        self._primary._n_decoded = n
 
     @property
     def slot_index(self) -> int:

@@ -187,11 +187,13 @@ def _check_second_turn_reuse(eng: Engine, first: "object", session: ChatSession,
     # What the target is missing from its cache is only the new message (+ the last answer token, which was
     # sampled but never decoded): the engine decodes exactly that suffix. The draft model may also lag behind by
     # the part of the last answer that it did not draft itself (n-gram or plain cycles), never by more.
-    t_missing = len(prompt) - eng.target.common_prefix(prompt)
-    d_missing = len(prompt) - eng.draft.common_prefix(prompt)
+    # (in the slot that holds the conversation: the engine gives the turn the one with the longest prefix)
+    slot = max(range(eng.parallel), key=lambda i: eng.target.slot(i).common_prefix(prompt))
+    t_missing = len(prompt) - eng.target.slot(slot).common_prefix(prompt)
+    d_missing = len(prompt) - eng.draft.slot(slot).common_prefix(prompt)
     assert t_missing <= len(delta_tokens) + 1
     assert d_missing <= len(delta_tokens) + 1 + first.stats.n_generated
-    assert eng.draft.common_prefix(prompt) >= len(first.prompt_tokens) - 1
+    assert eng.draft.slot(slot).common_prefix(prompt) >= len(first.prompt_tokens) - 1
     turn.result()
     st = turn.stats
     assert len(delta_tokens) <= st.n_prefill <= len(delta_tokens) + 1
@@ -204,7 +206,7 @@ def _check_second_turn_reuse(eng: Engine, first: "object", session: ChatSession,
 
 
 def test_second_turn_prefills_only_the_new_message(engine):
-    engine.target.reset(), engine.draft.reset()  # the module's engine served other tests: start cold
+    engine.reset_caches()  # the module's engine served other tests: start cold
     s = ChatSession(engine, system="You are a helpful assistant. " * 4, sampling=SamplingParams(temperature=0), max_tokens=24)
     first = s.send("Tell me about the alphabet, from a to h.").result()
     assert first.finish_reason == "length" and first.token_ids[-1] != IM_END

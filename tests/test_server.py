@@ -520,7 +520,9 @@ def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, refere
             events = sse_events(r.iter_lines())  # (dropping the iterator would close the connection)
             role = next(events)
             assert held.wait(20), "the prefill never got to its third chunk"
-            assert 2 * engine.target.n_batch <= engine.target.n_past < n_prompt // 2
+            job = engine._worker.running()[0]
+            in_slot = engine.target.slot(job.slot)
+            assert 2 * engine.target.n_batch <= in_slot.n_past < n_prompt // 2
         # the connection closes while the prompt is processed: the server cancels the job, then the engine goes on
         wait_for(lambda: any(j.cancel_event.is_set() for j in engine._worker.running()), what="the server to cancel")
     finally:
@@ -528,7 +530,7 @@ def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, refere
         monkeypatch.setattr(C, "llama_decode", real_decode)
     rec = record(srv, role["id"])
     assert rec.client_left and rec.started and rec.finish_reason == "cancelled" and rec.n_generated == 0
-    assert engine.target.n_past < n_prompt - 1  # stopped between chunks, not after the whole prompt
+    assert in_slot.n_past < n_prompt - 1  # stopped between chunks, not after the whole prompt
     want = reference.generate(messages=chat("after a cut prefill"), sampling=GREEDY, max_tokens=30).text
     got = srv.client().chat.completions.create(model="m", messages=chat("after a cut prefill"), temperature=0, max_tokens=30)
     assert got.choices[0].message.content == want
