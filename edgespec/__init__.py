@@ -14,6 +14,7 @@ __version__ = "0.2.0"
 from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig  # noqa: E402
 from .errors import (  # noqa: E402
     BackendError,
+    BackendLostError,
     ConfigError,
     ContextFullError,
     EdgespecError,
@@ -64,6 +65,7 @@ __all__ = [
     "ConfigError",
     "ModelFileError",
     "BackendError",
+    "BackendLostError",
     "ContextFullError",
     "EngineClosedError",
     "QueueFullError",

@@ -278,14 +278,21 @@ class Model:
             self._rpc = spec.rpc
             mparams.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
             ngl = -1 if ngl == 0 else ngl
+        if spec.tensor_split:
+            self._split = self._tensor_split(spec)  # kept alive until the load
+            mparams.tensor_split = ctypes.cast(self._split, ctypes.POINTER(ctypes.c_float))
         mparams.n_gpu_layers = ngl if ngl >= 0 else 999
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
             # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
-        with self._remote("loading the model onto it", rpc.load_seconds(spec.path, self._rpc_timeout) if self._rpc else None):
+        with self._remote(rpc.LOADING, rpc.load_seconds(spec.path, self._rpc_timeout) if self._rpc else None):
             self._model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self._model:
             self._free()
+            if spec.rpc:
+                raise BackendError(f"{spec.path}: llama.cpp could not load the model onto RPC server(s) {', '.join(spec.rpc)}: does each have "
+                                   "the memory for its share of the layers? (their own logs say; `edgespec info --rpc` shows their free "
+                                   "memory; --tensor-split and --n-gpu-layers N move layers; EDGESPEC_VERBOSE=1 shows llama.cpp's log)")
             raise BackendError(f"{spec.path}: llama.cpp could not load the model (run with EDGESPEC_VERBOSE=1 for its log)")
         if C.llama_model_is_recurrent(self._model) or C.llama_model_is_hybrid(self._model):
             self.close()
@@ -456,6 +463,17 @@ class Model:
         if tuner is not None and rc == 0:
             tuner.observe(t, n, time.perf_counter() - now, now)
         return rc
+
+    def _tensor_split(self, spec: ModelSpec) -> Any:
+        """llama_model_params.tensor_split for spec.tensor_split: a ConfigError (before anything loads) where the
+        model has fewer devices than shares."""
+        devices = len(self._rpc_devices) - 1 if spec.rpc else (len(rpc.local_devices()) if rpc.available() else None)
+        if devices is not None and len(spec.tensor_split) > devices:
+            where = "its RPC servers' devices and this machine's GPUs" if spec.rpc else "this machine's GPUs (no --rpc)"
+            self._free()
+            raise ConfigError(f"tensor_split has {len(spec.tensor_split)} shares but the model has {devices} device(s) to split over: {where}")
+        n = int(C.llama_max_devices())
+        return (ctypes.c_float * n)(*spec.tensor_split, *([0.0] * (n - len(spec.tensor_split))))
 
     def _remote(self, what: str, seconds: float | None = None) -> Any:
         """A call that talks to this model's RPC servers: under rpc.WATCHDOG for `seconds` (default: the model's

@@ -150,7 +150,9 @@ def model_key(model: Any) -> list[Any]:
     threads = getattr(model, "threads_now", model.n_threads)
     key = [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, threads, model.spec.n_gpu_layers, model.n_batch]
     rpc = getattr(model.spec, "rpc", ())
-    return key + [list(rpc)] if rpc else key  # layers on RPC servers cost otherwise (a local run's key is unchanged)
+    split = getattr(model.spec, "tensor_split", ())
+    # layers on RPC servers, or split otherwise, cost otherwise (a local run's key is unchanged)
+    return key + ([list(rpc)] if rpc else []) + ([["split", *split]] if split else [])
 
 
 def entry_key(target: Any, draft: Any | None) -> str:

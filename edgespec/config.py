@@ -24,6 +24,7 @@ MAX_JSON_DEPTH_ENV = "EDGESPEC_MAX_JSON_DEPTH"
 DEFAULT_MAX_JSON_DEPTH = 100
 MAX_JSON_DEPTH_CEILING = 500
 MAX_RPC_SERVERS = 16  # ggml-rpc's GGML_RPC_MAX_SERVERS
+MAX_DEVICES = 16  # llama_max_devices(): the length of llama_model_params.tensor_split
 _RPC_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")  # a host name or an IPv4 address (ggml-rpc has no IPv6)
 
 
@@ -58,6 +59,9 @@ class ModelSpec:
         string) whose devices hold the model's layers, split by their free memory (with this machine's GPU, if
         any, after them). With rpc, n_gpu_layers 0 (the default) or -1 puts every layer there; N > 0 puts N there
         and keeps the rest on this machine's CPU. The protocol has no authentication: trusted networks only.
+    tensor_split: the share of the offloaded layers each device gets, in device order (the RPC servers' devices in
+        the order given, then this machine's GPUs), as llama.cpp's --tensor-split: (3, 1) puts three quarters on
+        the first; a share of 0 leaves a device out. Empty: llama.cpp's default, by each device's free memory.
     """
 
     path: str
@@ -66,6 +70,7 @@ class ModelSpec:
     n_ctx: int = 4096
     n_batch: int = 512
     rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)):
@@ -77,11 +82,15 @@ class ModelSpec:
             check_int("n_threads", self.n_threads, 1, 1024)
         check_int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
         object.__setattr__(self, "rpc", check_rpc_endpoints(self.rpc))
+        object.__setattr__(self, "tensor_split", check_tensor_split(self.tensor_split))
 
 
 def split_rpc_endpoint(endpoint: str) -> tuple[str, int]:
     """"host:port" as (host, port), else a ConfigError (ggml-rpc parses it the same way: host up to the colon)."""
     host, sep, port = endpoint.strip().rpartition(":")
+    if host.startswith("[") or host.count(":"):
+        raise ConfigError(f"an RPC server must be given by a host name or IPv4 address, got {endpoint[:80]!r}: llama.cpp's RPC "
+                          "backend connects over IPv4 only (no IPv6)")
     if not sep or not _RPC_HOST.fullmatch(host) or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
         raise ConfigError(f"an RPC server must be given as host:port (a host name or IPv4 address, a port in [1, 65535]), got {endpoint[:80]!r}")
     return host, int(port)
@@ -101,6 +110,29 @@ def check_rpc_endpoints(rpc: Any) -> tuple[str, ...]:
         raise ConfigError(f"an RPC server is listed twice: {', '.join(out)}")
     if len(out) > MAX_RPC_SERVERS:
         raise ConfigError(f"at most {MAX_RPC_SERVERS} RPC servers, got {len(out)}")
+    return out
+
+
+def check_tensor_split(split: Any) -> tuple[float, ...]:
+    """Shares per device as a tuple of floats: a comma-separated string ("3,1") or a sequence of numbers, each finite
+    and >= 0, at least one > 0, at most MAX_DEVICES; () for None or empty. A ConfigError otherwise."""
+    if split is None:
+        return ()
+    if isinstance(split, str):
+        parts = [p.strip() for p in split.split(",")] if split.strip() else []
+        try:
+            split = [float(p) for p in parts]
+        except ValueError:
+            raise ConfigError(f"tensor_split must be numbers separated by commas (e.g. 3,1), got {split[:80]!r}") from None
+    if not isinstance(split, (list, tuple)):
+        raise ConfigError(f"tensor_split must be a sequence of numbers, got {type(split).__name__}")
+    out = tuple(_real("a tensor_split share", v) for v in split)
+    if not out:
+        return ()
+    if len(out) > MAX_DEVICES:
+        raise ConfigError(f"tensor_split has {len(out)} shares; llama.cpp splits over at most {MAX_DEVICES} devices")
+    if any(v < 0 for v in out) or not any(v > 0 for v in out):
+        raise ConfigError(f"tensor_split shares must be >= 0 with at least one > 0, got {','.join(f'{v:g}' for v in out)}")
     return out
 
 
@@ -307,4 +339,4 @@ def check_stop(stop: Any) -> tuple[str, ...]:
 
 __all__ = ["EdgespecError", "ConfigError", "ModelSpec", "SamplingParams", "DEFAULT_SAMPLING", "API_SAMPLING", "SpecConfig", "check_int", "check_stop",
            "check_tree_fits", "check_slots_fit", "MAX_PARALLEL", "max_json_depth", "DEFAULT_MAX_JSON_DEPTH", "MAX_JSON_DEPTH_ENV",
-           "check_rpc_endpoints", "split_rpc_endpoint"]
+           "check_rpc_endpoints", "split_rpc_endpoint", "check_tensor_split", "MAX_DEVICES"]

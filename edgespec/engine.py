@@ -36,6 +36,7 @@ import numpy as np
 
 from . import calibration as cal
 from . import chat_template
+from . import rpc
 from .backend import DecodePart, Model, default_threads
 from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
 from .config import MAX_PARALLEL
@@ -45,7 +46,7 @@ from .structured import Tool, constraint_from_response_format, prompt_messages
 from .costs import VerifyCurve
 from .detok import StreamingDetokenizer
 from .fsutil import clear_odd_file
-from .errors import BackendError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
+from .errors import BackendError, BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
 from .learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .gguf_check import inspect_gguf, require_compatible
@@ -83,6 +84,12 @@ def _as_spec(m: ModelSpec | str | os.PathLike[str]) -> ModelSpec:
 
 
 # --------------------------------------------------------------------------------------------- engine
+
+def _shutdown(unhook: Callable[[], None] | None, worker: Worker, models: list[Model], memory: Any, memory_path: str | None) -> None:
+    if unhook is not None:
+        unhook()  # a lost server no longer concerns this engine
+    shutdown(worker, models, memory, memory_path)
+
 class Engine:
     """A loaded target (+ optional draft) and the worker that generates from it (see the module docstring)."""
 
@@ -132,7 +139,20 @@ class Engine:
             park=self.slots.park, unpark=self.slots.unpark,
         )
         models = [m for m in (target, draft) if m is not None]
-        self._finalizer = weakref.finalize(self, shutdown, self._worker, models, self.memory, self.memory_path)
+        self.lost: str | None = None  # why an RPC server this engine runs on is gone (it cannot go on: rpc.lost)
+        unhook = None
+        if any(m.spec.rpc for m in models):
+            me = weakref.ref(self)
+            worker = self._worker
+
+            def on_lost(message: str) -> None:  # from the thread that noticed, while the process ends (rpc.lost)
+                eng = me()
+                if eng is not None:
+                    eng.lost = message
+                worker.fail_all(BackendLostError(message))
+
+            unhook = rpc.on_lost(on_lost)
+        self._finalizer = weakref.finalize(self, _shutdown, unhook, self._worker, models, self.memory, self.memory_path)
 
     @classmethod
     def load(
@@ -256,6 +276,8 @@ class Engine:
         self.close()
 
     def _live(self) -> None:
+        if self.lost is not None:
+            raise BackendLostError(self.lost)
         if self._closed:
             raise EngineClosedError("the engine is closed; load a new one")
 

@@ -28,6 +28,14 @@ class BackendError(EdgespecError):
     """llama.cpp refused or failed an operation."""
 
 
+EXIT_BACKEND_LOST = 75  # EX_TEMPFAIL: the exit code of a process that lost an RPC server (try again once it is back)
+
+
+class BackendLostError(BackendError):
+    """A server the model's layers run on (an RPC server) is gone: this engine cannot go on, and the process ends
+    with EXIT_BACKEND_LOST moments later (edgespec/rpc.py); `edgespec serve --rpc` reloads once the server answers."""
+
+
 class ContextFullError(BackendError):
     """The tokens would not fit in the context window."""
 
@@ -59,6 +67,7 @@ __all__ = [
     "ModelFileError",
     "IncompatiblePairError",
     "BackendError",
+    "BackendLostError",
     "ContextFullError",
     "EngineClosedError",
     "QueueFullError",

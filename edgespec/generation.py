@@ -421,6 +421,23 @@ class Worker:
         except Exception:
             pass
 
+    def fail_all(self, error: BaseException) -> None:
+        """From any thread, without the worker (rpc.lost: it may be stuck inside llama.cpp): end every generation queued,
+        running or set aside, and the plain job running, with `error`; later submits are refused."""
+        got = self._cond.acquire(timeout=1.0)  # the worker holds it only briefly, never across a decode
+        try:
+            self._closed = True
+            jobs = [*self._queue, *(t.job for t in (*self._active, *self._parked.values()))]
+            if self.current is not None:
+                jobs.append(self.current)
+        finally:
+            if got:
+                self._cond.release()
+        for job in jobs:
+            if not job.done.is_set():
+                job.error, job._error_tb = error, None
+                job.finish()
+
     def shutdown(self) -> None:
         with self._cond:
             self._closed = True

@@ -15,8 +15,12 @@ aborts on a broken connection and waits forever on a silent one, and its connect
 for the process's life. So from the first RPC model on, the process ends with one line instead (`lost`, exit code
 EXIT_RPC_LOST): llama.cpp's abort is caught by ggml's abort callback, and every call that talks to the servers
 (decodes, cache snapshots, the load) runs under a watchdog that ends it after EDGESPEC_RPC_TIMEOUT seconds
-(default 30; the load gets that plus a second per 5 MB of the file). `edgespec serve` run by a supervisor that
-restarts it on failure comes back on its own once the server does (docs/rpc.md).
+(default 30; the load gets that plus a second per 5 MB of the file). Before it ends, the `on_lost` hooks run (an
+Engine's ends every generation with BackendLostError, so a server's clients get an error, not a dropped
+connection) and get LOST_GRACE seconds. `edgespec serve --rpc` runs the server in a child process and reloads it
+once the servers answer again (cli/supervise.py).
+
+ggml-rpc connects over IPv4 only (gethostbyname, AF_INET): the probe does the same.
 
 The protocol has no authentication or encryption: servers must only listen on a trusted network.
 """
@@ -31,10 +35,10 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from .config import split_rpc_endpoint
-from .errors import BackendError, ConfigError
+from .errors import EXIT_BACKEND_LOST, BackendError, ConfigError
 from .llama import C
 
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR of the llama.cpp this build vendors
@@ -45,7 +49,9 @@ DEFAULT_PORT = 50052  # llama.cpp's rpc-server default
 _GPU, _IGPU = 1, 2  # enum ggml_backend_dev_type
 TIMEOUT_ENV = "EDGESPEC_RPC_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0  # seconds a call to the servers may take before the process gives up on them
-EXIT_RPC_LOST = 1  # the CLI's exit code for an error (a supervisor restarts on any failure)
+EXIT_RPC_LOST = EXIT_BACKEND_LOST  # 75, EX_TEMPFAIL: a server was lost; try again once it is back (cli/supervise.py reloads)
+EXIT_ABORTED = 1  # llama.cpp aborted for another reason (the CLI's exit code for an error)
+LOST_GRACE = 1.0  # seconds the on_lost hooks' clients get to hear of a loss before the process ends
 _NO_RPC = ("this llama-cpp-python build has no RPC backend (libggml-rpc): rebuild it with scripts/setup.sh, "
            "which builds with -DGGML_RPC=ON (docs/setup.md)")
 
@@ -55,7 +61,13 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[int, int, int]
     (major, minor, patch), or a BackendError saying why llama.cpp could not use it."""
     host, port = split_rpc_endpoint(endpoint)
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
+        addrs = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)  # as ggml-rpc: IPv4 only
+    except socket.gaierror as e:
+        six = _has_ipv6(host, port)
+        raise BackendError(f"RPC server {endpoint}: the host has no IPv4 address ({e.strerror or e})"
+                           + ("; it has an IPv6 one, but llama.cpp's RPC backend connects over IPv4 only" if six else "")) from None
+    try:
+        sock = socket.create_connection((str(addrs[0][4][0]), int(addrs[0][4][1])), timeout=timeout)
     except socket.timeout:
         raise BackendError(f"RPC server {endpoint}: no connection within {timeout:g} s (is the host up and the port open?)") from None
     except OSError as e:
@@ -79,6 +91,13 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[int, int, int]
         raise BackendError(f"RPC server {endpoint} speaks protocol {major}.{minor}.{patch}, this build {PROTO_MAJOR}.{PROTO_MINOR}: "
                            "run the same llama.cpp version on both sides")
     return int(major), int(minor), int(patch)
+
+
+def _has_ipv6(host: str, port: int) -> bool:
+    try:
+        return bool(socket.getaddrinfo(host, port, socket.AF_INET6, socket.SOCK_STREAM))
+    except OSError:
+        return False
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:
@@ -109,17 +128,51 @@ def timeout() -> float:
     return t
 
 
-def lost(message: str) -> NoReturn:
-    """End the process with one line on stderr: an RPC server is gone and llama.cpp cannot go on without it."""
+_lost_hooks: list[Callable[[str], None]] = []
+_lost_once = threading.Lock()
+
+
+def on_lost(hook: Callable[[str], None]) -> Callable[[], None]:
+    """Call hook(message), from whichever thread notices, when a server is lost, just before the process ends (it
+    must not block: the process ends LOST_GRACE seconds later whatever it does). Returns what unregisters it."""
+    with _LOCK:
+        _lost_hooks.append(hook)
+
+    def remove() -> None:
+        with _LOCK:
+            if hook in _lost_hooks:
+                _lost_hooks.remove(hook)
+
+    return remove
+
+
+def lost(message: str, code: int = EXIT_RPC_LOST) -> NoReturn:
+    """End the process with one line on stderr (an RPC server is gone and llama.cpp cannot go on without it),
+    after the on_lost hooks and LOST_GRACE seconds for what they started; a second caller waits for the first."""
+    if not _lost_once.acquire(blocking=False):
+        while True:
+            time.sleep(3600)
     try:
         os.write(2, f"Error: {message}\n".encode("utf-8", "replace"))
+        hooks = list(_lost_hooks)
+        for hook in hooks:
+            try:
+                hook(message)
+            except BaseException:  # noqa: BLE001 - the process ends anyway
+                pass
+        if hooks:
+            time.sleep(LOST_GRACE)
     finally:
-        os._exit(EXIT_RPC_LOST)
+        os._exit(code)
 
 
 def _servers_text() -> str:
-    with _LOCK:
-        eps = sorted(ep for ep, n in _users.items() if n)
+    got = _LOCK.acquire(timeout=1.0)  # the abort may come from inside `acquire`, which holds it
+    try:
+        eps = sorted(ep for ep, n in list(_users.items()) if n)
+    finally:
+        if got:
+            _LOCK.release()
     return ", ".join(eps) or "an RPC server"
 
 
@@ -127,10 +180,16 @@ def _on_abort(msg: bytes | None) -> None:
     """ggml's abort callback (from any thread, llama.cpp's own included): one line and exit, instead of SIGABRT."""
     text = (msg or b"").decode("utf-8", "replace").strip()
     where, _, what = text.partition(": ")
+    if ("rpc" in where.lower() or "RPC" in what) and WATCHDOG.doing(LOADING):
+        # during the load: most often a server that cannot allocate a buffer for the weights it is sent (it closes the
+        # connection); reloading would meet the same wall, so this is a failed load (exit 1), not a lost server (75)
+        lost(f"RPC server {_servers_text()} closed the connection while the model was loading onto it ({what or text}): does "
+             "it have the memory for its share of the layers? (its own log says; `edgespec info --rpc` shows its free memory; "
+             "--tensor-split and --n-gpu-layers N move layers)", EXIT_ABORTED)
     if "rpc" in where.lower() or "RPC" in what:
         lost(f"the connection to RPC server {_servers_text()} broke ({what or text}); the model on it cannot go on: "
-             "restart edgespec once the server is back (docs/rpc.md)")
-    lost(f"llama.cpp stopped: {what or text}")
+             "restart edgespec once the server is back (`edgespec serve --rpc` reloads by itself; docs/rpc.md)")
+    lost(f"llama.cpp stopped: {what or text}", EXIT_ABORTED)
 
 
 _abort_handler: Any = None
@@ -168,6 +227,11 @@ class Watchdog:
             with self._lock:
                 self._calls.pop(key, None)
 
+    def doing(self, what: str) -> bool:
+        """Whether a watched call whose description starts with `what` is under way."""
+        with self._lock:
+            return any(c[3].startswith(what) for c in self._calls.values())
+
     def _run(self) -> None:
         while True:
             time.sleep(0.25)
@@ -177,10 +241,12 @@ class Watchdog:
             if late:
                 _, limit, eps, what = late[0]
                 lost(f"RPC server {', '.join(eps)} did not answer within {limit:g} s ({what}): it stopped, stalled or "
-                     f"the network did; restart edgespec once it answers ({TIMEOUT_ENV} sets the limit; docs/rpc.md)")
+                     f"the network did; restart edgespec once it answers (`edgespec serve --rpc` reloads by itself; {TIMEOUT_ENV} "
+                     "sets the limit; docs/rpc.md)")
 
 
 WATCHDOG = Watchdog()
+LOADING = "loading the model onto it"  # what backend.Model's load is watched as
 
 
 def load_seconds(path: str | os.PathLike[str], timeout_s: float) -> float:
@@ -263,7 +329,7 @@ def available() -> bool:
     return True
 
 
-def _local_devices() -> list[int]:
+def local_devices() -> list[int]:
     """This machine's GPUs (integrated ones only where there is no discrete one), as llama.cpp's default list."""
     libs = _libs()
     ggml, base = libs["ggml"], libs["ggml-base"]
@@ -286,7 +352,7 @@ def local_gpu() -> bool:
     build with the RPC backend alone)."""
     if not available():
         return bool(C.llama_supports_gpu_offload())
-    return bool(_local_devices())
+    return bool(local_devices())
 
 
 def acquire(endpoints: Sequence[str], timeout_s: float = PROBE_TIMEOUT) -> list[int]:
@@ -323,7 +389,7 @@ def model_devices(endpoints: Sequence[str]) -> tuple[Any, list[int]]:
     (keep it alive until the model is loaded), and the list. The caller releases the endpoints."""
     devs = acquire(endpoints)
     try:
-        devs += _local_devices()
+        devs += local_devices()
     except BaseException:
         release(endpoints)
         raise
@@ -395,6 +461,7 @@ def device_names(devs: Sequence[int]) -> list[str]:
     return [(base.ggml_backend_dev_name(d) or b"?").decode() + " " + (base.ggml_backend_dev_description(d) or b"").decode() for d in devs]
 
 
-__all__ = ["probe", "available", "timeout", "lost", "WATCHDOG", "Watchdog", "load_seconds", "TIMEOUT_ENV", "DEFAULT_TIMEOUT",
-           "EXIT_RPC_LOST", "local_gpu", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
+__all__ = ["probe", "available", "timeout", "lost", "on_lost", "LOST_GRACE", "EXIT_ABORTED", "LOADING",
+           "WATCHDOG", "Watchdog", "load_seconds", "TIMEOUT_ENV", "DEFAULT_TIMEOUT",
+           "EXIT_RPC_LOST", "local_gpu", "local_devices", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
            "DEFAULT_PORT", "PROTO_MAJOR", "PROTO_MINOR"]

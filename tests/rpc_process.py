@@ -18,15 +18,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _limit_data(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_DATA, (n, n))
+
+
 class RpcServer:
     """One `edgespec rpc-server` child on 127.0.0.1 (started, waited for at most 60 s; stop() kills it)."""
 
-    def __init__(self, port: int | None = None, threads: int = 1) -> None:
+    def __init__(self, port: int | None = None, threads: int = 1, data_limit: int | None = None) -> None:
+        """data_limit: RLIMIT_DATA of the server process in bytes (a server with too little memory for a model)."""
         self.port = port or free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen([sys.executable, "-m", "edgespec", "rpc-server", "--port", str(self.port), "--threads", str(threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=None if data_limit is None else lambda: _limit_data(data_limit))
         assert self.proc.stderr is not None
         line = ""
         deadline = time.monotonic() + 60

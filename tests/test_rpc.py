@@ -87,6 +87,29 @@ def test_bad_endpoints_are_one_config_error(bad):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("six", ["[::1]:50052", "::1:50052", "fe80::1:50052"])
+def test_ipv6_endpoints_say_llama_cpp_connects_over_ipv4_only(six):
+    with pytest.raises(ConfigError, match="IPv4 only"):
+        ModelSpec("m.gguf", rpc=six)
+
+
+def test_a_host_with_only_an_ipv6_address_is_one_error(monkeypatch):
+    """The probe resolves as ggml-rpc does (gethostbyname: IPv4 only), so a name with only an IPv6 address is one
+    error at load instead of llama.cpp's abort."""
+    real = socket.getaddrinfo
+
+    def six_only(host, port, family=0, *a, **kw):
+        if host == "six-only.test":
+            if family == socket.AF_INET:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0))]
+        return real(host, port, family, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", six_only)
+    with pytest.raises(BackendError, match="no IPv4 address.*IPv4 only"):
+        rpc.probe("six-only.test:50052", timeout=2)
+
+
 def test_endpoints_are_normalised():
     assert ModelSpec("m.gguf", rpc=" a:1, 10.0.0.2:50052 ").rpc == ("a:1", "10.0.0.2:50052")
     assert ModelSpec("m.gguf", rpc=["a:1"]).rpc == ("a:1",) and ModelSpec("m.gguf").rpc == ()
@@ -117,6 +140,43 @@ def test_the_layers_are_on_the_servers(tiny, servers):
     info = json.loads(r.stdout)["rpc"]
     assert [s["endpoint"] for s in info] == servers
     assert all(s["protocol"].startswith(f"{rpc.PROTO_MAJOR}.") and s["devices"][0]["total"] > 0 for s in info)
+
+
+def _buffers(tiny, servers: list[str], split: str) -> dict[str, float]:
+    """MiB of the tiny target's weights per device, as llama.cpp's load log says, loaded with --tensor-split `split`."""
+    code = ("from edgespec import backend; from edgespec.config import ModelSpec; "
+            f"backend.Model(ModelSpec({str(tiny['target'])!r}, n_ctx=64, n_threads=1, rpc={servers!r}, tensor_split={split!r}), parallel=1).close()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_VERBOSE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    import re
+
+    return {m[0]: float(m[1]) for m in re.findall(r"RPC\d+\[([\d.:]+)\] model buffer size =\s+([\d.]+) MiB", r.stderr)}
+
+
+@needs_rpc
+def test_tensor_split_places_the_layers_in_those_shares(tiny, servers, local_greedy):
+    """--tensor-split 1,0 puts every offloaded layer on the first server, 0,1 on the second (llama.cpp's load log
+    names each device's weights), and the output does not change with the placement."""
+    a, b = servers
+    assert set(_buffers(tiny, servers, "1,0")) == {a} and set(_buffers(tiny, servers, "0,1")) == {b}
+    assert set(_buffers(tiny, servers, "")) == {a, b}  # llama.cpp's default: by free memory
+    for split in ((1, 0), (0, 1), (1, 3)):
+        t = backend.Model(ModelSpec(tiny["target"], n_ctx=512, n_batch=64, n_threads=1, rpc=tuple(servers), tensor_split=split))
+        assert _outputs(Engine(t, None, drafter="none", spec=FIXED, calibration=FLAT), GREEDY) == local_greedy
+    with pytest.raises(ConfigError, match="3 shares but the model has 2 device"):
+        backend.Model(ModelSpec(tiny["target"], n_ctx=64, rpc=tuple(servers), tensor_split=(1, 1, 1)))
+    with pytest.raises(ConfigError, match="no --rpc"):  # a CPU-only machine without servers has nothing to split over
+        backend.Model(ModelSpec(tiny["target"], n_ctx=64, tensor_split=(1,)))
+    r = _cli("generate", "-m", str(tiny["target"]), "--no-draft", "--rpc", ",".join(servers), "--tensor-split", "1,x", "hi")
+    assert r.returncode == 1 and "tensor_split must be numbers" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("bad", ["0,0", "-1,1", "nan", ",".join(["1"] * 17), [True]])
+def test_bad_tensor_splits_are_one_config_error(bad):
+    with pytest.raises(ConfigError, match="tensor_split"):
+        ModelSpec("x.gguf", tensor_split=bad)
+    assert ModelSpec("x.gguf", tensor_split="3, 1").tensor_split == (3.0, 1.0) and ModelSpec("x.gguf", tensor_split=None).tensor_split == ()
 
 
 @needs_rpc
@@ -217,6 +277,8 @@ def test_rpc_server_refuses_a_taken_port_and_warns_off_loopback(servers):
 # --------------------------------------------------------------------------------------------- servers lost after the load
 _LOADED_CHILD = """
 import sys
+import time
+from edgespec import BackendLostError
 from edgespec import backend
 from edgespec.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
@@ -225,8 +287,12 @@ t = backend.Model(ModelSpec({target!r}, n_ctx=512, n_batch=64, n_threads=1, rpc=
 eng = Engine(t, None, drafter="none", spec=SpecConfig(draft_max=4, adaptive=False), calibration=Calibration({{1: 1e-3, 16: 1.05e-3}}, 2e-4, "fixed"))
 print("loaded", flush=True)
 sys.stdin.readline()
-r = eng.generate("hello the", sampling=SamplingParams(temperature=0), max_tokens=64)
-print("finished", len(r.token_ids), flush=True)
+try:
+    r = eng.generate("hello the", sampling=SamplingParams(temperature=0), max_tokens=64)
+    print("finished", len(r.token_ids), flush=True)
+except BackendLostError as e:  # the caller hears of it; the process ends a moment later (rpc.LOST_GRACE)
+    print("raised BackendLostError", flush=True)
+    time.sleep(60)
 """
 
 
@@ -244,12 +310,13 @@ def _loaded_child(tiny, endpoint: str, rpc_timeout: str) -> subprocess.Popen:
 
 
 def _lost(child: subprocess.Popen, limit: float) -> tuple[str, float]:
-    """Let the child generate; it must end by itself within `limit` seconds: exit code 1, not a signal, one line."""
+    """Let the child generate; it must end by itself within `limit` seconds: exit code 75, not a signal, one line, and
+    the generation raised BackendLostError in the caller first."""
     t0 = time.monotonic()
     out, err = child.communicate("go\n", timeout=limit + 60)
     took = time.monotonic() - t0
-    assert child.returncode == rpc.EXIT_RPC_LOST == 1, (child.returncode, err[-2000:])
-    assert "finished" not in out and "Traceback" not in err
+    assert child.returncode == rpc.EXIT_RPC_LOST == 75, (child.returncode, err[-2000:])
+    assert "finished" not in out and "raised BackendLostError" in out and "Traceback" not in err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: "), err[-2000:]
     return lines[0], took
@@ -259,7 +326,7 @@ def _lost(child: subprocess.Popen, limit: float) -> tuple[str, float]:
 @pytest.mark.slow  # child processes and a server killed or stopped: make test runs it, make test-fast does not
 def test_a_server_that_dies_after_the_load_ends_the_process_with_one_line(tiny):
     """llama.cpp aborts (SIGABRT, a core dump) when a server's connection breaks mid-generation: ggml's abort callback
-    turns that into one line and exit code 1."""
+    turns that into BackendLostError in the caller, then one line and exit code 75."""
     server = RpcServer()
     try:
         child = _loaded_child(tiny, server.endpoint, "30")
@@ -325,3 +392,123 @@ def test_the_real_target_over_rpc_equals_the_local_run(real_pair, servers, monke
     assert drafted > 0
     monkeypatch.setenv("EDGESPEC_NO_REPACK", "1")
     assert remote == run((), False)[0]
+
+
+@needs_rpc
+@pytest.mark.slow  # server processes, a server killed and started again: make test runs it, make test-fast does not
+def test_serve_answers_503_while_a_server_is_lost_and_reloads_once_it_is_back(tiny):
+    """`edgespec serve --rpc` serves from a child process: when the RPC server dies, the request that meets it gets
+    503 `backend_lost` (not a dropped connection), /health says so while the server is gone, and once a server
+    answers on that port again the models load again and the output is what it was."""
+    import httpx
+
+    from serve_process import ServeProcess
+
+    server = RpcServer()
+    port = server.port
+    body = {"prompt": "hello the", "max_tokens": 16, "temperature": 0}
+    s = None
+    try:
+        s = ServeProcess(["--target", str(tiny["target"]), "--no-draft", "--ctx", "256", "--threads", "1", "--log-level", "warning",
+                          "--rpc", server.endpoint], timeout=120)
+        before = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert before.status_code == 200, before.text
+        server.stop()  # killed: the next decode finds its connection broken
+        lost = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert lost.status_code == 503 and lost.json()["error"]["code"] == "backend_lost", lost.text
+        assert lost.headers.get("retry-after")
+        deadline = time.monotonic() + 30
+        while True:  # the child ends within rpc.LOST_GRACE; the supervisor then answers on the same port
+            h = httpx.get(s.url + "/health", timeout=10)
+            if h.status_code == 503 and "load again once" in h.json()["error"]["message"]:
+                break
+            assert time.monotonic() < deadline, h.text
+            time.sleep(0.2)
+        assert h.json()["error"]["code"] == "backend_lost"
+        assert httpx.post(s.url + "/v1/completions", json=body, timeout=60).status_code == 503
+        assert s.proc.poll() is None
+        server = RpcServer(port=port)  # back on the same port
+        deadline = time.monotonic() + 120
+        while httpx.get(s.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.lines)[-3000:]
+            time.sleep(0.2)
+        after = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert after.status_code == 200 and after.json()["choices"][0]["text"] == before.json()["choices"][0]["text"]
+        s.proc.terminate()  # SIGTERM to the supervisor reaches the server process: both end, exit 0
+        assert s.proc.wait(30) == 0
+        log = "".join(s.lines)
+        assert "Traceback" not in log and log.count("edgespec: ready") == 2 and "answer again: loading" in log, log[-3000:]
+    finally:
+        if s is not None:
+            s.stop()
+        server.stop()
+
+
+@needs_rpc
+@pytest.mark.slow  # a chat process and a server killed under it: make test runs it, make test-fast does not
+def test_a_chat_that_loses_its_server_saves_the_conversation(tiny, tmp_path):
+    """`edgespec chat --rpc`: the server dies between two messages; the chat saves the conversation (the second
+    message included) before the process ends with the one line and exit 75, and a chat without the server resumes it."""
+    server = RpcServer()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_DATA_DIR": str(tmp_path)}
+    args = [sys.executable, "-m", "edgespec", "chat", "-m", str(tiny["target"]), "--no-draft", "--temperature", "0", "--max-tokens", "8",
+            "--threads", "1", "--ctx", "512"]
+    chat = subprocess.Popen([*args, "--rpc", server.endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert chat.stdin is not None and chat.stdout is not None
+        chat.stdin.write("hello the\n")
+        chat.stdin.flush()
+        first = chat.stdout.readline()  # the first answer has come
+        time.sleep(0.5)  # and ended (8 tokens of the tiny model: milliseconds)
+        server.stop()
+        out, err = chat.communicate("the cat\n", timeout=60)
+    finally:
+        if chat.poll() is None:
+            chat.kill()
+        server.stop()
+    assert chat.returncode == rpc.EXIT_RPC_LOST, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: the connection to RPC server"), err[-2000:]
+    saved = list((tmp_path / "chats").glob("lost-*.json"))
+    assert len(saved) == 1 and f"--resume {saved[0]}" in out, (first, out)
+    import json
+
+    msgs = json.loads(saved[0].read_text())["messages"]
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["hello the", "the cat"]
+    r = subprocess.run([*args, "--resume", str(saved[0])], input="", capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_connection_closed_during_the_load_is_a_failed_load_not_a_lost_server(monkeypatch):
+    """A server closes the connection while the weights are sent to it when it cannot allocate their buffer: that is
+    exit 1 with a memory hint (serve --rpc must not reload into the same wall), a loss after the load exit 75."""
+    calls = []
+
+    def lost(message: str, code: int = rpc.EXIT_RPC_LOST) -> None:  # the real one ends the process
+        calls.append((message, code))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(rpc, "lost", lost)
+    with rpc.WATCHDOG.watch(["127.0.0.1:1"], rpc.LOADING, 60), pytest.raises(SystemExit):
+        rpc._on_abort(b"ggml-rpc.cpp:123: Remote RPC server crashed or returned malformed response")
+    with pytest.raises(SystemExit):
+        rpc._on_abort(b"ggml-rpc.cpp:123: Remote RPC server crashed or returned malformed response")
+    (during, code1), (after, code2) = calls
+    assert code1 == rpc.EXIT_ABORTED == 1 and "memory for its share" in during
+    assert code2 == rpc.EXIT_RPC_LOST == 75 and "broke" in after
+
+
+@needs_rpc
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_server_without_the_memory_for_the_model_is_one_error(real_pair):
+    """An rpc-server limited to 400 MB of data (RLIMIT_DATA) cannot hold the real 1.5B target: one line naming the
+    server and what to check, exit 1 (not 75: `serve --rpc` would reload into the same wall), no traceback."""
+    server = RpcServer(data_limit=400 * 2**20)
+    try:
+        r = _cli("generate", "-m", str(real_pair[0]), "--no-draft", "--rpc", server.endpoint, "--max-tokens", "4", "def f(", timeout=300)
+    finally:
+        server.stop()
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and server.endpoint in lines[0] and "memory for its share" in lines[0], r.stderr[-2000:]

@@ -1,7 +1,8 @@
 """`edgespec` command line: a thin layer over the library.
 
 Exit codes: 0 success; 1 an error with a one-line message (bad model file, missing model, incompatible pair, bad
-setting); 2 a usage error (unknown option, bad value type); 130 interrupted with Ctrl-C.
+setting); 2 a usage error (unknown option, bad value type); 75 an RPC server the model ran on was lost (try again once
+it is back; docs/rpc.md); 130 interrupted with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 
 from .. import __version__
 from ..config import max_json_depth
-from ..errors import EdgespecError
+from ..errors import EXIT_BACKEND_LOST, BackendLostError, EdgespecError
 
 
 class Group(click.Group):
@@ -54,6 +55,8 @@ class Group(click.Group):
         try:
             max_json_depth()  # a bad EDGESPEC_MAX_JSON_DEPTH: one line now, not a puzzling error per request later
             return super().invoke(ctx)
+        except BackendLostError:  # rpc.lost wrote the one line and ends the process with this code in a moment
+            ctx.exit(EXIT_BACKEND_LOST)
         except EdgespecError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:

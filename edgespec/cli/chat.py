@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from ..errors import EdgespecError
+from ..errors import BackendLostError, EdgespecError
 from ..paths import data_dir
 from ..stats import summary_line
 from .common import load_engine, make_sampling, model_options, sampling_options
@@ -305,8 +305,25 @@ def run_chat(session: Any, read: Callable[[str], str], out: Output, tty: bool) -
                 _answer(session, text, out)
         except KeyboardInterrupt:  # outside generation (printing, a command): back to the prompt
             out.line("")
+        except BackendLostError:  # the process ends in a moment (rpc.lost): keep the conversation first
+            _save_lost(session, out)
+            raise
         except EdgespecError as e:  # never leave the chat on a library error
             out.line(f"error: {e}")
+
+
+def _save_lost(session: Any, out: Output) -> None:
+    """An RPC server the model ran on is gone and the process ends (exit 75): save the conversation, its answer so far
+    included, where `edgespec chat --resume` finds it."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folder = data_dir() / "chats"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        p = session.save(folder / f"lost-{stamp}.json")
+    except (OSError, EdgespecError) as e:
+        out.line(f"error: the conversation could not be saved: {e}")
+        return
+    out.line(f"(the model's RPC server is gone; the conversation is saved: `edgespec chat --resume {p}` once it is back)")
 
 
 # --------------------------------------------------------------------------------------------- command

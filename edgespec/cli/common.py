@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig, check_rpc_endpoints
+from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig, check_rpc_endpoints, check_tensor_split
 from ..errors import EdgespecError
 from ..fsutil import read_regular_bytes
 from ..request import AUTO, DrafterKind, GenerationRequest, resolve_drafter
@@ -49,6 +49,9 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rpc", metavar="HOST:PORT,...", default=None,
                      help="Put the target's layers on these llama.cpp RPC servers (`edgespec rpc-server` on each; "
                           "no authentication: trusted networks only)."),
+        click.option("--tensor-split", "tensor_split", metavar="SHARES", default=None,
+                     help="The target's layers over its devices in these shares, in device order (the --rpc servers' devices, "
+                          "then this machine's GPUs): 3,1 puts three quarters on the first (default: by free memory)."),
         click.option("--draft-rpc", metavar="HOST:PORT,...", default=None,
                      help="RPC servers for the draft's layers (default: the draft runs on this machine)."),
         click.option("--threads", "-t", type=click.IntRange(1, 1024), default=None,
@@ -115,6 +118,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     ngl, dgl = kw.pop("n_gpu_layers"), kw.pop("draft_gpu_layers")
     threads, n_ctx = kw.pop("threads"), kw.pop("n_ctx")
     rpc, draft_rpc = check_rpc_endpoints(kw.pop("rpc")), check_rpc_endpoints(kw.pop("draft_rpc"))
+    tensor_split = check_tensor_split(kw.pop("tensor_split"))
     spec = SpecConfig(
         draft_max=kw.pop("draft_max"),
         adaptive=not kw.pop("fixed_k"),
@@ -152,7 +156,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     kind = resolve_drafter(drafter, draft_model=dspec is not None, lookup_without_draft=target is not None)
     if draft_rpc and dspec is None:
         click.echo("note: --draft-rpc is ignored: this run has no draft model", err=True)
-    tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx, rpc=rpc)
+    tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx, rpc=rpc, tensor_split=tensor_split)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
     if (corpus or no_memory) and not kind.uses_tree:
         what = "--lookup-corpus" if corpus else "--no-memory"

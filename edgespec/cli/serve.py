@@ -112,27 +112,41 @@ def serve(**kw: Any) -> None:
     Point any OpenAI client at http://HOST:PORT/v1 (the API key is any string unless --api-key is set). A request
     that leaves a sampling setting out gets the OpenAI API's default (temperature 1.0, top_p 1.0, no top_k or
     min_p), not the llama.cpp defaults that generate and chat use."""
-    import uvicorn
-
-    from ..server import Settings, create_app
-    from ..server.guards import is_loopback
+    from ..config import check_rpc_endpoints
+    from ..server.guards import check_api_key, is_loopback
 
     host, port, api_key = kw.pop("host"), kw.pop("port"), kw.pop("api_key")
-    from ..server.guards import check_api_key
-
     why = check_api_key(api_key) if api_key else None
     if why:
         raise click.BadParameter(f"no client could send this key: {why}", param_hint="--api-key")
-    max_queue, prompt_cache_mb, parallel = kw.pop("max_queue"), kw.pop("prompt_cache_mb"), kw.pop("parallel")
-    settings = Settings(api_key=api_key or None, cors_origins=tuple(kw.pop("cors_origins")), host=host, model_alias=kw.pop("alias"))
-    log_level, header_timeout = kw.pop("log_level"), kw.pop("header_timeout")
-    model_kw = dict(kw)
+    params = {"host": host, "api_key": api_key or None, "max_queue": kw.pop("max_queue"), "prompt_cache_mb": kw.pop("prompt_cache_mb"),
+              "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias"),
+              "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"), "model_kw": dict(kw)}
+    remote = check_rpc_endpoints(kw.get("rpc")) + check_rpc_endpoints(kw.get("draft_rpc"))
     sock = _listen(host, port)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
     click.echo(f"edgespec: listening on http://{shown}:{bound[1]} (OpenAI base URL http://{shown}:{bound[1]}/v1); loading the models...", err=True)
-    if settings.api_key is None and not is_loopback(host):
+    if api_key is None and not is_loopback(host):
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the models", err=True)
+    if remote:  # a lost RPC server ends the process that talks to it: serve from a child this one reloads (supervise.py)
+        from .supervise import supervise
+
+        sys.exit(supervise(params, sock, remote))
+    run_server(params, sock)
+
+
+def run_server(params: dict[str, Any], sock: socket.socket) -> None:
+    """Load the engine (in a thread) and serve on the listening `sock` until Ctrl-C/SIGTERM; an EdgespecError when
+    the models fail to load. `params`: what serve() read from its options."""
+    import uvicorn
+
+    from ..server import Settings, create_app
+
+    max_queue, prompt_cache_mb, parallel = params["max_queue"], params["prompt_cache_mb"], params["parallel"]
+    settings = Settings(api_key=params["api_key"], cors_origins=params["cors_origins"], host=params["host"], model_alias=params["alias"])
+    log_level, header_timeout = params["log_level"], params["header_timeout"]
+    model_kw = params["model_kw"]
 
     failure: list[BaseException] = []
     server: Any = None

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Send
 
 from ..constraint import ConstraintError
-from ..errors import ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from ..errors import BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
 from ..request import DrafterKind, GenerationRequest
 from . import schema, sse
 from .metrics import Metrics
@@ -153,6 +153,8 @@ class ServerState:
             if self.load_error is not None:
                 raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
             raise APIError(503, "Loading model", code="loading")
+        if getattr(self.engine, "lost", None):
+            raise api_error(BackendLostError(self.engine.lost))
         if self.closing or self.engine.closed:
             raise APIError(503, "the server is shutting down", code="shutting_down")
         return self.engine
@@ -269,6 +271,8 @@ def api_error(e: BaseException) -> APIError:
         return APIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, (ConfigError, TemplateError)):
         return APIError(400, str(e))
+    if isinstance(e, BackendLostError):  # the process ends in a moment; `serve --rpc` reloads once the server is back
+        return APIError(503, str(e), code="backend_lost", headers={"Retry-After": "10"})
     if isinstance(e, EngineClosedError):
         return APIError(503, "the server is shutting down", code="shutting_down")
     if isinstance(e, EdgespecError):

@@ -10,7 +10,7 @@ import logging
 import re
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -169,8 +169,18 @@ class GenerationResponse:
             self._finish()
 
     async def _drain(self) -> None:
-        async for _ in self.gen:
+        async for _ in self._chunks():
             pass
+
+    async def _chunks(self) -> AsyncIterator[Any]:
+        """The generation's chunks; where it fails (an engine error, a lost RPC server) the iteration just ends, and
+        _outcome reports the error to the client."""
+        try:
+            async for chunk in self.gen:
+                yield chunk
+        except Exception:
+            if not self.gen.done or self._error() is None:
+                raise
 
     def _error(self) -> BaseException | None:
         try:
@@ -241,7 +251,7 @@ class GenerationResponse:
     # -- non-streaming
     async def _run_to_end(self, send: Send) -> str | None:
         """Read the generation to its end: its finish reason, or None when the client left or an error was sent."""
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._track(chunk)
         if self.client_left:
             return None
@@ -330,7 +340,7 @@ class GenerationResponse:
         # as content at once; the held rest is sent at the end, as tool_calls deltas (per call one delta with its id
         # and name, one with its arguments) where it holds calls, else as content
         splitter = self._tool_splitter()
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._track(chunk)
             if self.client_left or not chunk.text:
                 continue

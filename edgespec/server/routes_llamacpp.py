@@ -241,7 +241,7 @@ class LlamaCompletionResponse(GenerationResponse):
         return next((s for s in self.req.stop if rest.startswith(s)), next((s for s in self.req.stop if s in rest), ""))
 
     async def _complete(self, send: Send) -> None:
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._check(chunk.text)
         if self.client_left:
             return
@@ -258,7 +258,7 @@ class LlamaCompletionResponse(GenerationResponse):
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         n_prompt = self.record.n_prompt
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             text = self._check(chunk.text)
             if self.client_left or not text:
                 continue

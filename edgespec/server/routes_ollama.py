@@ -262,7 +262,7 @@ class OllamaResponse(GenerationResponse):
         return out
 
     async def _complete(self, send: Send) -> None:
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._track(chunk)
         if self.client_left:
             return
@@ -280,7 +280,7 @@ class OllamaResponse(GenerationResponse):
             await send({"type": "http.response.body", "body": sse.dumps(obj) + b"\n", "more_body": True})
 
         hold = self.chat and self.req.tool_choice != "none"  # a tool call is only known whole: sent at the end
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._track(chunk)
             if self.client_left or not chunk.text or hold:
                 continue

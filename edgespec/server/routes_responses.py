@@ -342,7 +342,7 @@ class ResponsesResponse(GenerationResponse):
         sent: list[str] = []
         if splitter is None:
             await self._open_message(emit, part)
-        async for chunk in self.gen:
+        async for chunk in self._chunks():
             self._track(chunk)
             if self.client_left or not chunk.text:
                 continue
