@@ -132,7 +132,7 @@ def serve(**kw: Any) -> None:
     if remote:  # a lost RPC server ends the process that talks to it: serve from a child this one reloads (supervise.py)
         from .supervise import supervise
 
-        sys.exit(supervise(params, sock, remote))
+        sys.exit(supervise(params, sock, remote, child=[sys.executable, "-c", f"from {__name__} import child_main; child_main()"]))
     run_server(params, sock)
 
 
@@ -254,3 +254,22 @@ def _leave_busy_threads(code: int, line: str, wait: float = 1.0) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def child_main() -> None:
+    """The process supervise.py starts: serve the settings pickled on stdin on the inherited
+    socket; exit codes as the CLI's (its streams are the supervisor's, which the CLI already checked)."""
+    import pickle
+
+    payload = pickle.load(sys.stdin.buffer)
+    sys.stdin.close()
+    sock = socket.socket(fileno=payload["fd"])
+    try:
+        run_server(payload["params"], sock)
+    except EdgespecError as e:
+        click.echo(f"Error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    sys.exit(0)

@@ -2,8 +2,8 @@
 
 llama.cpp cannot survive a lost RPC server inside the process that talks to it (edgespec/rpc.py): that process ends
 with exit code rpc.EXIT_RPC_LOST after telling its clients (503 `backend_lost`). So `serve` with `--rpc` keeps the
-listening socket here, serves from a child process (`python -m edgespec.cli.supervise`, its settings pickled on its
-stdin, the socket inherited) and, when the child ends with that code, answers every request on the same socket
+listening socket here, serves from a child process (serve.child_main: its settings pickled on its stdin, the socket
+inherited) and, when the child ends with that code, answers every request on the same socket
 itself (503 `backend_lost`, `/health` included) while it probes the servers every PROBE_EVERY seconds; once they
 all answer, a new child loads the models and serves. Any other end of the child (Ctrl-C, SIGTERM, a load that
 fails) ends this process with the child's exit code. Connections that arrive while the child starts wait in the
@@ -28,31 +28,32 @@ PROBE_EVERY = 2.0  # seconds between probes of the lost servers
 MIN_RESTART = 2.0  # seconds at least between two starts of the child (a server that answers probes but keeps failing)
 
 
-def supervise(params: dict[str, Any], sock: socket.socket, endpoints: Sequence[str]) -> int:
-    """Serve `params` from child processes on `sock` until one ends for another reason than a lost RPC server;
-    that one's exit code (130 after Ctrl-C here, 0 after SIGTERM)."""
-    from .. import rpc
+def supervise(params: dict[str, Any], sock: socket.socket, endpoints: Sequence[str], child: Sequence[str]) -> int:
+    """Serve `params` from child processes (command line `child`, which reads {"params", "fd"} pickled on its stdin)
+    on `sock` until one ends for another reason than a lost RPC server; that one's exit code (130 after Ctrl-C here,
+    0 after SIGTERM)."""
+    from ..errors import EXIT_BACKEND_LOST
 
     stop: list[int] = []
-    child: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     def forward(sig: int, frame: Any) -> None:  # the child has its own session: a terminal's Ctrl-C reaches only us
         stop.append(sig)
-        if child is not None and child.poll() is None:
-            child.send_signal(sig)  # the child's first Ctrl-C/SIGTERM ends its generations and stops; a second forces it
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)  # the child's first Ctrl-C/SIGTERM ends its generations and stops; a second forces it
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             started = time.monotonic()
-            child = _spawn(params, sock)
-            code = child.wait()
+            proc = _spawn(child, params, sock)
+            code = proc.wait()
             if stop and code in (0, -signal.SIGTERM, -signal.SIGINT):  # it stopped as asked (uvicorn raises the signal again)
                 return 130 if signal.SIGINT in stop else 0
             if code < 0:  # killed by a signal that was not ours to forward (the OOM killer, kill -9)
                 click.echo(f"edgespec: the server process was killed by signal {-code}", err=True)
                 return 1
-            if stop or code != rpc.EXIT_RPC_LOST:
+            if stop or code != EXIT_BACKEND_LOST:
                 return code
             click.echo(f"edgespec: the models are unloaded; every request gets 503 until {', '.join(endpoints)} answer(s) again, "
                        "then they load again", err=True)
@@ -63,16 +64,15 @@ def supervise(params: dict[str, Any], sock: socket.socket, endpoints: Sequence[s
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
-def _spawn(params: dict[str, Any], sock: socket.socket) -> subprocess.Popen[bytes]:
+def _spawn(cmd: Sequence[str], params: dict[str, Any], sock: socket.socket) -> subprocess.Popen[bytes]:
     fd = sock.fileno()
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
-    child = subprocess.Popen([sys.executable, "-m", "edgespec.cli.supervise"], stdin=subprocess.PIPE, pass_fds=(fd,),
-                             start_new_session=True, preexec_fn=preexec)
+    child = subprocess.Popen(list(cmd), stdin=subprocess.PIPE, pass_fds=(fd,), start_new_session=True, preexec_fn=preexec)
     assert child.stdin is not None
     try:
         child.stdin.write(pickle.dumps({"params": params, "fd": fd}))  # the API key goes here, not on a command line
@@ -97,7 +97,7 @@ def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list
     stops this process (False)."""
     import uvicorn
 
-    from .. import rpc
+    from .. import rpc  # llama.cpp's libraries load here, in the supervisor, only once a server was lost
     from ..errors import BackendError
     from ..server.schema import APIError
 
@@ -142,28 +142,3 @@ def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list
 
     asyncio.run(main())
     return bool(back) and not stop
-
-
-def child_main() -> None:
-    """`python -m edgespec.cli.supervise`: serve the pickled settings on the inherited socket (serve.run_server)."""
-    from ..errors import EdgespecError
-    from . import _stand_in_for_closed_streams
-    from .serve import run_server
-
-    _stand_in_for_closed_streams()
-    payload = pickle.load(sys.stdin.buffer)
-    sys.stdin.close()
-    sock = socket.socket(fileno=payload["fd"])
-    try:
-        run_server(payload["params"], sock)
-    except EdgespecError as e:
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(130)
-    sys.exit(0)
-
-
-if __name__ == "__main__":
-    child_main()
