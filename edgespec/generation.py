@@ -427,9 +427,7 @@ class Worker:
         got = self._cond.acquire(timeout=1.0)  # the worker holds it only briefly, never across a decode
         try:
             self._closed = True
-            jobs = [*self._queue, *(t.job for t in (*self._active, *self._parked.values()))]
-            if self.current is not None:
-                jobs.append(self.current)
+            jobs = self._jobs()
         finally:
             if got:
                 self._cond.release()
@@ -438,15 +436,16 @@ class Worker:
                 job.error, job._error_tb = error, None
                 job.finish()
 
+    def _jobs(self) -> list[Job]:
+        """(Under the lock.) Every job queued, running (the generations and the plain job) or set aside."""
+        jobs = [*self._queue, *(t.job for t in (*self._active, *self._parked.values()))]
+        return jobs + [self.current] if self.current is not None else jobs
+
     def shutdown(self) -> None:
         with self._cond:
             self._closed = True
-            for job in self._queue:
+            for job in self._jobs():
                 job.cancel()
-            for t in [*self._active, *self._parked.values()]:
-                t.job.cancel()
-            if self.current is not None:
-                self.current.cancel()
             self._cond.notify_all()
         if threading.current_thread() is not self.thread:
             self.thread.join()

@@ -180,13 +180,14 @@ def _on_abort(msg: bytes | None) -> None:
     """ggml's abort callback (from any thread, llama.cpp's own included): one line and exit, instead of SIGABRT."""
     text = (msg or b"").decode("utf-8", "replace").strip()
     where, _, what = text.partition(": ")
-    if ("rpc" in where.lower() or "RPC" in what) and WATCHDOG.doing(LOADING):
+    remote = "rpc" in where.lower() or "RPC" in what
+    if remote and WATCHDOG.doing(LOADING):
         # during the load: most often a server that cannot allocate a buffer for the weights it is sent (it closes the
         # connection); reloading would meet the same wall, so this is a failed load (exit 1), not a lost server (75)
         lost(f"RPC server {_servers_text()} closed the connection while the model was loading onto it ({what or text}): does "
              "it have the memory for its share of the layers? (its own log says; `edgespec info --rpc` shows its free memory; "
              "--tensor-split and --n-gpu-layers N move layers)", EXIT_ABORTED)
-    if "rpc" in where.lower() or "RPC" in what:
+    if remote:
         lost(f"the connection to RPC server {_servers_text()} broke ({what or text}); the model on it cannot go on: "
              "restart edgespec once the server is back (`edgespec serve --rpc` reloads by itself; docs/rpc.md)")
     lost(f"llama.cpp stopped: {what or text}", EXIT_ABORTED)
