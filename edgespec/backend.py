@@ -460,6 +460,8 @@ class Model:
             p._threads_now = t
         with self._remote("a decode"):
             rc = int(C.llama_decode(self._ctx, batch))
+            if self._rpc:  # llama_decode only queues an RPC model's work (ggml-rpc's own thread sends it): its answer is
+                C.llama_synchronize(self._ctx)  # waited for here, under the watchdog, not in llama_get_logits_ith (unwatched)
         if tuner is not None and rc == 0:
             tuner.observe(t, n, time.perf_counter() - now, now)
         return rc
@@ -946,7 +948,9 @@ class Model:
             use.release_when_idle(self._free, self.CLOSE_WAIT)
 
     def _free(self) -> None:
-        with _INIT_LOCK:  # close() from two threads at once frees once
+        remote = self.__dict__.get("_rpc") or ()  # freeing an RPC model's buffers waits for its servers: watched too
+        with _INIT_LOCK, (rpc.WATCHDOG.watch(remote, "freeing the model", self.__dict__.get("_rpc_timeout") or rpc.DEFAULT_TIMEOUT)
+                          if remote else _LOCAL_CALL):  # close() from two threads at once frees once
             if self._batch is not None:
                 C.llama_batch_free(self._batch)
                 self._batch = None
