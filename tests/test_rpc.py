@@ -354,6 +354,231 @@ def test_a_server_that_stalls_ends_the_process_within_the_timeout(tiny):
         server.stop()
 
 
+# --------------------------------------------------------------------------------------------- servers that stall mid-work
+# llama_decode only queues an RPC model's work (ggml-rpc sends it from its own thread); the wait for the answer is
+# the synchronize inside the watched decode (backend.Model._llama_decode), so a stall anywhere in a generation ends
+# it within EDGESPEC_RPC_TIMEOUT + rpc.LOST_GRACE. STALL_SLACK: the watchdog's quarter-second look, the process's end.
+STALL_TIMEOUT = 2.0
+STALL_SLACK = 3.0
+
+
+def _delay_proxy(server: RpcServer, rtt_ms: float):
+    """bench/delay_proxy.py in front of `server`: every round trip `rtt_ms` longer, so that the tiny model's
+    generation lasts long enough to be stopped in the middle (alone it makes 1,600 tokens/s)."""
+    bench = str(ROOT / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from delay_proxy import DelayProxy
+
+    return DelayProxy(("127.0.0.1", server.port), rtt_ms)
+
+
+def _stopped(server: RpcServer) -> float:
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    return time.monotonic()
+
+
+def _resume_and_stop(server: RpcServer) -> None:
+    if server.proc.poll() is None:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    server.stop()
+
+
+_PREFILL_CHILD = """
+import sys
+import time
+from edgespec import BackendLostError
+from edgespec import backend
+from edgespec.calibration import Calibration
+from edgespec.config import ModelSpec, SamplingParams, SpecConfig
+from edgespec.engine import Engine
+t = backend.Model(ModelSpec({target!r}, n_ctx=512, n_batch=16, n_threads=1, rpc=[{endpoint!r}]))
+eng = Engine(t, None, drafter="none", spec=SpecConfig(draft_max=4, adaptive=False), calibration=Calibration({{1: 1e-3, 16: 1.05e-3}}, 2e-4, "fixed"))
+print("loaded", flush=True)
+seen = []
+
+def on_prefill(done, total):  # from the engine's thread after each chunk: after the first, the test stops the server
+    if not seen:
+        seen.append(done)
+        print("prefill", done, total, flush=True)
+        sys.stdin.readline()
+
+try:
+    r = eng.generate("hello the cat " * 40, sampling=SamplingParams(temperature=0), max_tokens=16, on_prefill=on_prefill)
+    print("finished", len(r.token_ids), flush=True)
+except BackendLostError as e:
+    print("raised BackendLostError", flush=True)
+    time.sleep(60)
+"""
+
+
+@needs_rpc
+@pytest.mark.slow  # child processes and a server stopped: make test runs it, make test-fast does not
+def test_a_server_that_stalls_during_the_prefill_ends_the_process_within_the_timeout(tiny):
+    """SIGSTOP between two chunks of a prompt's prefill: the next chunk's decode waits for the server; the caller gets
+    BackendLostError and the process ends with one line and exit 75 within the timeout and the grace."""
+    server = RpcServer()
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), rpc.TIMEOUT_ENV: str(STALL_TIMEOUT)}
+        child = subprocess.Popen([sys.executable, "-c", _PREFILL_CHILD.format(target=str(tiny["target"]), endpoint=server.endpoint)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == "loaded"
+            word, done, total = child.stdout.readline().split()
+            assert word == "prefill" and 0 < int(done) < int(total), (word, done, total)
+            t0 = _stopped(server)
+            out, err = child.communicate("go\n", timeout=STALL_TIMEOUT + 60)
+            took = time.monotonic() - t0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(30)
+        assert child.returncode == rpc.EXIT_RPC_LOST, (child.returncode, err[-2000:])
+        assert "raised BackendLostError" in out and "finished" not in out and "Traceback" not in err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"RPC server {server.endpoint} did not answer within 2 s (a decode)" in lines[0], err[-2000:]
+        assert STALL_TIMEOUT <= took < STALL_TIMEOUT + rpc.LOST_GRACE + STALL_SLACK, took
+    finally:
+        _resume_and_stop(server)
+
+
+@needs_rpc
+@pytest.mark.slow  # a generate process and a server stopped under it: make test runs it, make test-fast does not
+def test_a_server_that_stalls_mid_generation_ends_generate_with_one_line_and_exit_75(tiny):
+    """The issue's case: `edgespec generate --rpc` streaming its output when the server stops (SIGSTOP): the output
+    stops, one line on stderr and exit 75 within the timeout and the grace, not a hang."""
+    import threading
+
+    server = RpcServer()
+    proxy = _delay_proxy(server, 40)
+    gen = None
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), rpc.TIMEOUT_ENV: str(STALL_TIMEOUT)}
+        gen = subprocess.Popen([sys.executable, "-m", "edgespec", "generate", "-m", str(tiny["target"]), "--no-draft", "--temperature", "0",
+                                "--ctx", "512", "--threads", "1", "--max-tokens", "400", "--rpc", proxy.endpoint, "hello the"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        got: list[bytes] = []
+        assert gen.stdout is not None
+
+        def read() -> None:
+            while chunk := gen.stdout.read1(4096):  # type: ignore[union-attr]
+                got.append(chunk)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while sum(map(len, got)) < 10:  # it is generating (40 ms a token through the proxy: 400 tokens take 16 s or more)
+            assert time.monotonic() < deadline and gen.poll() is None, "generate did not start"
+            time.sleep(0.05)
+        t0 = _stopped(server)
+        at_stop = sum(map(len, got))
+        gen.wait(timeout=STALL_TIMEOUT + 60)
+        took = time.monotonic() - t0
+        reader.join(10)
+        assert gen.stderr is not None
+        err = gen.stderr.read().decode()
+    finally:
+        if gen is not None and gen.poll() is None:
+            gen.kill()
+            gen.wait(30)
+        proxy.close()
+        _resume_and_stop(server)
+    assert gen.returncode == rpc.EXIT_RPC_LOST, (gen.returncode, err[-2000:])
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"RPC server {proxy.endpoint} did not answer within 2 s (a decode)" in lines[0], err[-2000:]
+    assert at_stop < 300 and sum(map(len, got)) < 400  # stopped in the middle
+    assert STALL_TIMEOUT <= took < STALL_TIMEOUT + rpc.LOST_GRACE + STALL_SLACK, took
+
+
+def _stream(url: str, body: dict, out: list) -> None:
+    """One streamed completion: (status, everything it sent, when it ended); a transport error as its text."""
+    import httpx
+
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            text = "".join(r.iter_text())
+            out.append((r.status_code, text, time.monotonic()))
+    except httpx.HTTPError as e:
+        out.append((0, f"{type(e).__name__}: {e}", time.monotonic()))
+
+
+@needs_rpc
+@pytest.mark.slow  # server processes, a server stopped twice: make test runs it, make test-fast does not
+def test_serve_ends_every_stream_with_backend_lost_when_a_server_stalls_and_reloads_after_sigcont(tiny, monkeypatch):
+    """`serve --rpc` with 6 streams in flight (2 slots, 4 queued) when the server stops (SIGSTOP): every stream ends
+    with 503 `backend_lost` (a started stream as its last event) within the timeout and the grace, /health says 503
+    meanwhile; SIGCONT brings it back. Stopped again while the supervisor reloads (before or during the child's
+    probe and load): the supervisor stays, says 503 `backend_lost` again, and serves once the server continues."""
+    import threading
+
+    import httpx
+
+    from serve_process import ServeProcess
+
+    monkeypatch.setenv(rpc.TIMEOUT_ENV, str(STALL_TIMEOUT))
+    server = RpcServer()
+    proxy = _delay_proxy(server, 20)
+    body = {"prompt": "hello the", "max_tokens": 300, "temperature": 0}
+    s = None
+    try:
+        s = ServeProcess(["--target", str(tiny["target"]), "--no-draft", "--ctx", "512", "--threads", "1", "--parallel", "2",
+                          "--log-level", "warning", "--rpc", proxy.endpoint], timeout=120)
+        before = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 8}, timeout=60)
+        assert before.status_code == 200, before.text
+        ended: list = []
+        threads = [threading.Thread(target=_stream, args=(s.url, body, ended), daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # the first two generate (20 ms a token through the proxy), four wait
+        assert not ended, ended
+        t0 = _stopped(server)
+        for t in threads:
+            t.join(STALL_TIMEOUT + 60)
+        assert len(ended) == 6
+        for status, text, when in ended:
+            assert status in (200, 503) and "backend_lost" in text, (status, text[-500:])
+            assert when - t0 < STALL_TIMEOUT + rpc.LOST_GRACE + STALL_SLACK, when - t0
+        took = max(when for _, _, when in ended) - t0
+        assert STALL_TIMEOUT <= took, took
+        h = httpx.get(s.url + "/health", timeout=10)  # from the child in its grace, or the supervisor after it
+        assert h.status_code == 503 and h.json()["error"]["code"] == "backend_lost", h.text
+        deadline = time.monotonic() + 30
+        while "load again once" not in httpx.get(s.url + "/health", timeout=10).text:  # the supervisor answers
+            assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.lines)[-3000:]
+            time.sleep(0.2)
+        assert httpx.post(s.url + "/v1/completions", json=body, timeout=60).status_code == 503
+
+        os.kill(server.proc.pid, signal.SIGCONT)  # back: the supervisor probes it and reloads
+        deadline = time.monotonic() + 60
+        while "answer again: loading" not in "".join(s.lines):
+            assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.lines)[-3000:]
+            time.sleep(0.02)
+        _stopped(server)  # stalls again while the new child starts, probes and loads
+        deadline = time.monotonic() + 60
+        while "".join(s.lines).count("the models are unloaded") < 2:  # the child gave up: exit 75, or 1 with the server silent
+            assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.lines)[-3000:]
+            time.sleep(0.2)
+        h = httpx.get(s.url + "/health", timeout=10)
+        assert h.status_code == 503 and h.json()["error"]["code"] == "backend_lost", h.text
+        os.kill(server.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 120
+        while httpx.get(s.url + "/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline and s.proc.poll() is None, "".join(s.lines)[-3000:]
+            time.sleep(0.2)
+        after = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 8}, timeout=60)
+        assert after.status_code == 200 and after.json()["choices"][0]["text"] == before.json()["choices"][0]["text"]
+        s.proc.terminate()
+        assert s.proc.wait(30) == 0
+        log = "".join(s.lines)
+        assert "Traceback" not in log and log.count("edgespec: ready") >= 2, log[-3000:]
+    finally:
+        if s is not None:
+            s.stop()
+        proxy.close()
+        _resume_and_stop(server)
+
+
 def test_a_bad_rpc_timeout_is_one_config_error(tiny, monkeypatch):
     for bad in ("abc", "0", "-5", "1e9"):
         monkeypatch.setenv(rpc.TIMEOUT_ENV, bad)

@@ -5,8 +5,9 @@ with exit code rpc.EXIT_RPC_LOST after telling its clients (503 `backend_lost`).
 listening socket here, serves from a child process (serve.child_main: its settings pickled on its stdin, the socket
 inherited) and, when the child ends with that code, answers every request on the same socket
 itself (503 `backend_lost`, `/health` included) while it probes the servers every PROBE_EVERY seconds; once they
-all answer, a new child loads the models and serves. Any other end of the child (Ctrl-C, SIGTERM, a load that
-fails) ends this process with the child's exit code. Connections that arrive while the child starts wait in the
+all answer, a new child loads the models and serves; a child whose load failed (exit 1) while a server does not
+answer a probe is a lost server too (it stalled or died before or while the child probed it). Any other end of the
+child (Ctrl-C, SIGTERM, a load that fails while the servers answer) ends this process with the child's exit code. Connections that arrive while the child starts wait in the
 socket's queue: the port never refuses them.
 """
 
@@ -53,8 +54,8 @@ def supervise(params: dict[str, Any], sock: socket.socket, endpoints: Sequence[s
             if code < 0:  # killed by a signal that was not ours to forward (the OOM killer, kill -9)
                 click.echo(f"edgespec: the server process was killed by signal {-code}", err=True)
                 return 1
-            if stop or code != EXIT_BACKEND_LOST:
-                return code
+            if stop or (code != EXIT_BACKEND_LOST and not (code == 1 and not _all_answer(endpoints)[0])):
+                return code  # (a load that failed because a server stopped answering, before or while the child probed it: lost)
             click.echo(f"edgespec: the models are unloaded; every request gets 503 until {', '.join(endpoints)} answer(s) again, "
                        "then they load again", err=True)
             time.sleep(max(0.0, MIN_RESTART - (time.monotonic() - started)))
@@ -92,13 +93,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def _all_answer(endpoints: Sequence[str]) -> tuple[bool, str]:
+    """Whether every endpoint answers a probe now (at most PROBE_EVERY seconds each), and why not."""
+    from .. import rpc  # llama.cpp's libraries load here, in the supervisor, only once a server was lost
+    from ..errors import BackendError
+
+    for ep in endpoints:
+        try:
+            rpc.probe(ep, timeout=PROBE_EVERY)
+        except BackendError as e:
+            return False, str(e)
+    return True, ""
+
+
 def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list[int]) -> bool:
     """Answer 503 `backend_lost` to every request on `sock` until every endpoint answers a probe (True) or a signal
     stops this process (False)."""
     import uvicorn
 
-    from .. import rpc  # llama.cpp's libraries load here, in the supervisor, only once a server was lost
-    from ..errors import BackendError
     from ..server.schema import APIError
 
     why = ["not probed yet"]
@@ -117,13 +129,8 @@ def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list
     back: list[bool] = []
 
     def all_answer() -> bool:
-        for ep in endpoints:
-            try:
-                rpc.probe(ep, timeout=PROBE_EVERY)
-            except BackendError as e:
-                why[0] = str(e)
-                return False
-        return True
+        ok, why[0] = _all_answer(endpoints)
+        return ok
 
     async def watch() -> None:
         while not server.should_exit:
