@@ -81,10 +81,27 @@ class Job:
         self.lock = threading.Condition()
         self.items: collections.deque[Chunk] = collections.deque()
         self.wakers: list[Callable[[], None]] = []
+        # the most chunks that may wait unread before the worker pauses the generation (None: no limit; see held())
+        self.backlog: int | None = None
+        self.held_since = 0.0  # when the worker first skipped it for its backlog (0: it is not held)
+        self.kick: Callable[[], None] | None = None  # wakes the worker (set by Worker.submit)
 
     def cancel(self) -> None:
         self.cancel_event.set()
         self._wake()
+        self._kick()
+
+    def held(self) -> bool:
+        """True while its reader is behind: `backlog` chunks or more wait unread (a cancelled job is never held: it
+        must run on to its end)."""
+        return self.backlog is not None and len(self.items) >= self.backlog and not self.cancel_event.is_set()
+
+    def _kick(self) -> None:
+        if self.kick is not None:
+            try:
+                self.kick()
+            except Exception:
+                pass
 
     def clock(self) -> float:
         """perf_counter without the time this job was suspended: the generation's timings and rates are its own."""
@@ -156,10 +173,18 @@ class Worker:
     slot is taken, a short job displaces the running long generation with the most tokens to go: `park(slot)` sets its
     cache aside in host memory, and `unpark(slot, saved)` puts it back once the short one has ended. A plain job
     (Job.run: the engine's submit) runs alone, when no generation is active; generations queued behind it wait.
-    A cancelled queued job never starts. Everything here runs in the worker thread, so the generations share
-    the engine's state without locks; only the queue is shared with callers."""
+    A cancelled queued job never starts.
+
+    Backpressure: a generation whose reader is behind (Job.held: `Job.backlog` chunks wait unread) is paused at a
+    cycle boundary: it keeps its slot but gets no turns until its reader takes a chunk. When it has been held for
+    HOLD_GRACE seconds and a queued generation finds no free slot, it is set aside as a displaced one is
+    (`park(slot)`) and the queued one takes its slot; it comes back to that slot (`unpark`) once its reader has taken
+    half its backlog and the slot is free again (a cancelled one just ends). Everything here runs in the worker
+    thread, so the generations share the engine's state without locks; only the queue is shared with callers."""
 
     SHORT_TURNS = 4  # turns per round of a short generation while a long one runs beside it (a short one is <= 64 tokens)
+    HOLD_GRACE = 0.5  # seconds a held generation keeps its slot before a queued one may take it (it is set aside)
+    IDLE_WAIT = 0.25  # the longest the worker sleeps while every generation is held (a reader's take wakes it at once)
 
     def __init__(
         self,
@@ -181,6 +206,8 @@ class Worker:
         self._closed = False
         self._active: list[_Task] = []
         self._parked: dict[int, _Task] = {}  # slot -> the long generation a short one displaced there
+        self._stalled: list[_Task] = []  # held generations set aside to free their slot (each returns to its own slot)
+        self._kicked = False  # something changed that the worker, idle while every generation is held, must look at
         self._seq = 0
         self.current: Job | None = None  # the plain job running (Job.run)
         self.thread = threading.Thread(target=self._loop, name="edgespec-engine", daemon=True)
@@ -189,9 +216,10 @@ class Worker:
     # -------------------------------------------------------------------------------- what callers see
     @property
     def pending(self) -> int:
-        """Jobs waiting for a slot (parked generations included)."""
+        """Jobs waiting for a slot (generations set aside included: displaced ones, and held ones whose slot was
+        given to another)."""
         with self._cond:
-            return sum(1 for j in self._queue if not j.cancel_event.is_set()) + len(self._parked)
+            return sum(1 for j in self._queue if not j.cancel_event.is_set()) + len(self._parked) + len(self._stalled)
 
     @property
     def busy(self) -> int:
@@ -213,16 +241,24 @@ class Worker:
             if self.max_queue is not None and sum(1 for j in self._queue if not j.cancel_event.is_set()) >= self.max_queue:
                 raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
             job.worker_thread = self.thread
+            job.kick = self._kick
             self._queue.append(job)
+            self._kicked = True
+            self._cond.notify_all()
+
+    def _kick(self) -> None:
+        """(Any thread.) Wake the worker: a held generation's reader took a chunk, or a job was cancelled."""
+        with self._cond:
+            self._kicked = True
             self._cond.notify_all()
 
     # -------------------------------------------------------------------------------- the loop
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._active and not self._parked and not self._closed:
+                while not self._queue and not self._active and not self._parked and not self._stalled and not self._closed:
                     self._cond.wait()
-                if self._closed and not self._queue and not self._active and not self._parked:
+                if self._closed and not self._queue and not self._active and not self._parked and not self._stalled:
                     return  # closed and drained
                 dropped = [j for j in self._queue if j.cancel_event.is_set()]
                 for j in dropped:
@@ -233,9 +269,55 @@ class Worker:
             if plain is not None:
                 self._run_plain(plain)
                 continue
+            self._resume()
             self._admit()
-            if self._active:
+            if any(not t.job.held() for t in self._active):
                 self._round()
+            else:
+                self._idle()
+
+    def _idle(self) -> None:
+        """Nothing can run (every generation is held, or set aside): sleep until a reader takes a chunk, a job is
+        submitted or cancelled (each kicks the worker), or IDLE_WAIT passes (a held one's grace may have run out)."""
+        now = time.perf_counter()
+        for t in self._active:
+            if not t.job.held_since:
+                t.job.held_since = now
+        with self._cond:
+            if not self._kicked and not self._closed:
+                self._cond.wait(self.IDLE_WAIT)
+            self._kicked = False
+
+    def _resume(self) -> None:
+        """Bring back the held generations set aside whose readers have caught up (to their own slot, once it is
+        free), and end those whose clients left."""
+        with self._cond:
+            if not self._stalled:
+                return
+            stalled = list(self._stalled)
+        for t in stalled:
+            job = t.job
+            if job.cancel_event.is_set():
+                with self._cond:
+                    self._stalled.remove(t)
+                self._close_parked(t)
+                continue
+            if job.backlog is not None and len(job.items) > job.backlog // 2:
+                continue
+            with self._cond:
+                if t.slot in self._parked or any(a.slot == t.slot for a in self._active):
+                    continue
+                self._stalled.remove(t)
+            try:
+                self._unpark(t.slot, job.parked)  # type: ignore[misc]
+            except BaseException as e:
+                job.parked = None
+                self._fail(t, e)
+                continue
+            job.parked = None
+            job.held_since = 0.0
+            with self._cond:
+                self._active.append(t)
 
     def _take_plain(self) -> Job | None:
         """(Under the lock.) The plain job at the head of the queue, when no generation is active (it runs alone)."""
@@ -272,11 +354,14 @@ class Worker:
                     return
                 used = {t.slot for t in self._active}
                 free = [s for s in range(self.parallel) if s not in used]
-                victim = None
-                if not free:
-                    victim = self._victim(pick) if self._park is not None else None
+                victim, stalled = None, False
+                if not free and self._park is not None:
+                    victim = self._held_victim()
+                    stalled = victim is not None
                     if victim is None:
-                        return
+                        victim = self._victim(pick)
+                if not free and victim is None:
+                    return
                 self._queue.remove(pick)
             if victim is not None:
                 try:
@@ -286,12 +371,23 @@ class Worker:
                 else:
                     with self._cond:
                         self._active.remove(victim)
-                        self._parked[victim.slot] = victim
+                        if stalled:
+                            self._stalled.append(victim)
+                        else:
+                            self._parked[victim.slot] = victim
                     victim.job.parked = saved
                     victim.out_at = time.perf_counter()
                 free = [victim.slot]
             slot = self._choose_slot(pick, free)
             self._start(pick, slot)
+
+    def _held_victim(self) -> _Task | None:
+        """(Under the lock.) A generation held for HOLD_GRACE seconds or more (its reader is behind), whose slot a queued
+        generation may take: the one held longest (not one running where a displaced one waits: that slot is spoken for)."""
+        now = time.perf_counter()
+        held = [t for t in self._active if t.slot not in self._parked and t.job.held() and t.job.held_since
+                and now - t.job.held_since >= self.HOLD_GRACE]
+        return min(held, key=lambda t: t.job.held_since) if held else None
 
     def _victim(self, job: Job) -> _Task | None:
         """(Under the lock.) The long generation a queued short `job` may displace: the one with the most tokens to go,
@@ -334,7 +430,14 @@ class Worker:
         for wave in waves:
             waiting = []
             for t in wave:
-                if t in self._active and self._step(t, None, None):
+                if t not in self._active:
+                    continue
+                if t.job.held():  # its reader is behind: no turn (it waits at its cycle boundary)
+                    if not t.job.held_since:
+                        t.job.held_since = time.perf_counter()
+                    continue
+                t.job.held_since = 0.0
+                if self._step(t, None, None):
                     waiting.append(t)
             while waiting:  # their decodes, together; each then runs on to its cycle boundary (or its next decode)
                 results = self._run_requests([t.request for t in waiting])
@@ -438,7 +541,7 @@ class Worker:
 
     def _jobs(self) -> list[Job]:
         """(Under the lock.) Every job queued, running (the generations and the plain job) or set aside."""
-        jobs = [*self._queue, *(t.job for t in (*self._active, *self._parked.values()))]
+        jobs = [*self._queue, *(t.job for t in (*self._active, *self._parked.values(), *self._stalled))]
         return jobs + [self.current] if self.current is not None else jobs
 
     def shutdown(self) -> None:
@@ -568,11 +671,27 @@ class Generation:
         """True once the engine began working on it (a generation cancelled while queued never starts)."""
         return self._job.started
 
+    def limit_backlog(self, chunks: int | None) -> None:
+        """Backpressure: pause the generation (at a cycle boundary) while `chunks` chunks or more wait unread; a
+        paused one may be set aside to free its slot for a queued one (generation.Worker). None: no limit (the
+        default: a caller that only waits for result() never reads the chunks)."""
+        if chunks is not None and chunks < 1:
+            raise ConfigError(f"the backlog must be at least 1 chunk, got {chunks}")
+        self._job.backlog = chunks
+        self._job._kick()
+
+    def _taken(self, had: int) -> None:
+        """A reader took chunks from `had` waiting: wake the worker if that may end a pause."""
+        b = self._job.backlog
+        if b is not None and had >= b // 2:
+            self._job._kick()
+
     def ready(self) -> list[Chunk]:
         """The chunks available now, without waiting (for callers that batch what they forward)."""
         with self._job.lock:
             out = list(self._job.items)
             self._job.items.clear()
+        self._taken(len(out))
         return out
 
     # -- iteration
@@ -588,7 +707,13 @@ class Generation:
                 while not job.items and not job.done.is_set():
                     job.lock.wait()
                 if job.items:
-                    return job.items.popleft()
+                    had = len(job.items)
+                    chunk = job.items.popleft()
+                else:
+                    chunk = None
+            if chunk is not None:
+                self._taken(had)
+                return chunk
         except BaseException:  # Ctrl-C while waiting: stop the work too
             job.cancel()
             raise
@@ -611,9 +736,12 @@ class Generation:
             while True:
                 event.clear()
                 with job.lock:
-                    if job.items:
-                        return job.items.popleft()
+                    had = len(job.items)
+                    chunk = job.items.popleft() if had else None
                     ended = job.done.is_set()
+                if chunk is not None:
+                    self._taken(had)
+                    return chunk
                 if ended:
                     job.raise_error()
                     raise StopAsyncIteration

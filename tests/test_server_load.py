@@ -169,7 +169,7 @@ MANY_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def slots_server(tiny):
-    s = ServerProcess(tiny, "--parallel", "4", max_queue=MANY)
+    s = ServerProcess(tiny, "--parallel", "4", "--client-share", "1", max_queue=MANY)  # (every client here is 127.0.0.1)
     yield s
     s.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import sys
 from typing import Any
 
@@ -18,6 +19,8 @@ from ..errors import EdgespecError
 from .common import load_engine, model_options
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
+STALL_TIMEOUT_ENV = "EDGESPEC_STALL_TIMEOUT"
+CLIENT_SHARE_ENV = "EDGESPEC_CLIENT_SHARE"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -44,7 +47,11 @@ def _header_timeout_protocol(seconds: float) -> Any:
     """uvicorn's HTTP protocol (httptools or h11, as uvicorn picks) that closes a connection which has not finished
     sending a request's headers within `seconds` (uvicorn has no such limit: a client that sends half a header
     holds its connection, and a task, forever). The clock starts when the connection opens and again when data
-    arrives while no request is in progress."""
+    arrives while no request is in progress.
+
+    It also lends each request's scope the connection's abort (`scope["extensions"]["edgespec.abort"]`): a response
+    whose client stopped reading (responses.ClientStalled) drops the connection and what its transport still holds;
+    a plain close would wait for the client to read it all first."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class HeaderTimeout(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
@@ -75,6 +82,9 @@ def _header_timeout_protocol(seconds: float) -> Any:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            scope = getattr(self, "scope", None)  # the request just parsed (its task has not started yet)
+            if isinstance(scope, dict) and getattr(self, "transport", None) is not None:
+                scope.setdefault("extensions", {})["edgespec.abort"] = self._abort
             if self._waiting_for_headers():
                 self._arm()
             else:
@@ -83,6 +93,18 @@ def _header_timeout_protocol(seconds: float) -> Any:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _abort(self) -> None:
+            """Drop the connection with a reset: what this process and the kernel still hold for it is freed now (a
+            close would keep the kernel's send queue until the client read it)."""
+            transport = self.transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except OSError:
+                    pass
+            transport.abort()
 
     return HeaderTimeout
 
@@ -104,6 +126,11 @@ def _header_timeout_protocol(seconds: float) -> Any:
               help="Host memory per model for KV snapshots of conversations (0 = none).")
 @click.option("--header-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
               help="Seconds a connection may take to send a request's headers; then it is closed.")
+@click.option("--stall-timeout", type=click.FloatRange(1, 86400), default=60.0, show_default=True, envvar=STALL_TIMEOUT_ENV,
+              help=f"Seconds a response may wait for its client to read it; then its generation is cancelled and the connection closed (env {STALL_TIMEOUT_ENV}).")
+@click.option("--client-share", type=click.FloatRange(0, 1), default=0.5, show_default=True, envvar=CLIENT_SHARE_ENV,
+              help="Share of the queue one client (its bearer token, else its address) may hold: at most slots + "
+                   f"ceil(share x max-queue) of its requests in flight, beyond that 429 (1 = no per-client limit; env {CLIENT_SHARE_ENV}).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -121,7 +148,8 @@ def serve(**kw: Any) -> None:
         raise click.BadParameter(f"no client could send this key: {why}", param_hint="--api-key")
     params = {"host": host, "api_key": api_key or None, "max_queue": kw.pop("max_queue"), "prompt_cache_mb": kw.pop("prompt_cache_mb"),
               "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias"),
-              "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"), "model_kw": dict(kw)}
+              "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"),
+              "stall_timeout": kw.pop("stall_timeout"), "client_share": kw.pop("client_share"), "model_kw": dict(kw)}
     remote = check_rpc_endpoints(kw.get("rpc")) + check_rpc_endpoints(kw.get("draft_rpc"))
     sock = _listen(host, port)
     bound = sock.getsockname()
@@ -144,7 +172,8 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
     from ..server import Settings, create_app
 
     max_queue, prompt_cache_mb, parallel = params["max_queue"], params["prompt_cache_mb"], params["parallel"]
-    settings = Settings(api_key=params["api_key"], cors_origins=params["cors_origins"], host=params["host"], model_alias=params["alias"])
+    settings = Settings(api_key=params["api_key"], cors_origins=params["cors_origins"], host=params["host"], model_alias=params["alias"],
+                        stall_timeout=params.get("stall_timeout", 60.0), client_share=params.get("client_share", 0.5))
     log_level, header_timeout = params["log_level"], params["header_timeout"]
     model_kw = params["model_kw"]
 

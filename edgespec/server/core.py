@@ -10,11 +10,14 @@ change to the request object is a change in one place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import threading
 import time
-from collections import OrderedDict, deque
+import weakref
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -35,6 +38,11 @@ log = logging.getLogger("edgespec.server")
 
 STORE_SIZE = 256  # /v1/responses kept for previous_response_id
 STORE_BYTES = 64 * 2**20  # and at most this much of them (their JSON)
+# Backpressure: the most chunks of a generation that may wait for its response writer; a generation whose client
+# does not read pauses there (generation.Worker: it may be set aside to free its slot), so an unread stream holds
+# at most this many chunks (plus the transport's 64 KiB write buffer), not its whole answer.
+BACKLOG = 16
+JSON_PIECE = 64 * 1024  # a whole JSON answer is written in pieces of this size (send_json)
 
 
 # --------------------------------------------------------------------------------------------- settings, state
@@ -50,6 +58,11 @@ class Settings:
     max_body_bytes: the largest request body (413 beyond).
     retry_after: seconds a client is told to wait when the queue is full.
     history: how many finished requests' records to keep (RequestRecord; for tests and debugging).
+    stall_timeout: seconds a response may wait for its client to read (a write that does not complete); then its
+        generation is cancelled and the connection closed (serve --stall-timeout).
+    client_share: the share of the queue one client may hold (serve --client-share): a client (its bearer token, else
+        its address) may have at most slots + ceil(client_share * max_queue) requests in flight, so that one client
+        cannot fill the queue for every other; 1 = no per-client limit.
     """
 
     api_key: str | None = None
@@ -59,6 +72,8 @@ class Settings:
     max_body_bytes: int = 32 * 2**20
     retry_after: int = 1
     history: int = 1024
+    stall_timeout: float = 60.0
+    client_share: float = 0.5
 
 
 @dataclass
@@ -71,6 +86,7 @@ class RequestRecord:
     n_prompt: int
     max_tokens: int
     client_left: bool = False
+    stalled: bool = False  # cancelled because the client did not read its response (Settings.stall_timeout)
     tokens_at_cancel: int | None = None  # tokens generated when the server cancelled the job
     started: bool | None = None  # False: cancelled while queued, never ran
     done: bool = False
@@ -140,9 +156,39 @@ class ServerState:
     closing: bool = False
     live: set = field(default_factory=set)  # GenerationResponses being written
     stored: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept for previous_response_id
+    clients: Counter = field(default_factory=Counter)  # client key -> its generation requests in flight (admit)
 
     def __post_init__(self) -> None:
         self.records = deque(maxlen=self.settings.history)
+
+    def limits(self) -> tuple[int, int] | None:
+        """(requests in flight the server takes: slots + queue, the most one client may hold), or None when the
+        engine's queue is unbounded."""
+        eng = self.engine
+        max_queue = getattr(getattr(eng, "_worker", None), "max_queue", None)  # Engine(max_queue=...); None: unbounded
+        if not isinstance(max_queue, int):
+            return None
+        slots = int(getattr(eng, "parallel", 1) or 1)
+        share = min(1.0, max(0.0, self.settings.client_share))
+        return slots + max_queue, slots + max(1, math.ceil(share * max_queue))
+
+    def admit(self, client: str) -> "Admission":
+        """Count a generation request in flight (from the event loop's thread): every one, from its admission until
+        its response is written (a stream its client does not read included), counts against slots + queue, and a
+        client's against its share; beyond either, an APIError (503 queue_full / 429 client_queue_full)."""
+        limits = self.limits()
+        if limits is not None:
+            total, per_client = limits
+            retry = {"Retry-After": str(self.settings.retry_after)}
+            if self.metrics.in_flight >= total:
+                self.metrics.rejected["queue_full"] += 1
+                raise APIError(503, f"the server is busy: {self.metrics.in_flight} requests are in flight (slots + queue: "
+                               f"{total}); retry later", code="queue_full", headers=retry)
+            if self.clients[client] >= per_client:
+                self.metrics.rejected["client_queue_full"] += 1
+                raise APIError(429, f"this client already has {self.clients[client]} requests in flight, its share of the "
+                               "server's slots and queue; retry when one has finished", code="client_queue_full", headers=retry)
+        return Admission.count(self, client)
 
     def set_engine(self, engine: Any) -> None:
         self.loaded_at = int(time.time())
@@ -198,6 +244,43 @@ class ServerState:
         self.closing = True
         if self.factory is not None and self.engine is not None:
             self.engine.close()  # cancels what still runs; queued generations never start
+
+
+class Admission:
+    """One request counted in flight (ServerState.admit); release() (once; later calls do nothing) when its response
+    has been written, or was never made."""
+
+    def __init__(self, state: ServerState, client: str) -> None:
+        self.state, self.client, self.held = state, client, True
+
+    @classmethod
+    def count(cls, state: ServerState, client: str) -> "Admission":
+        """Count one request of `client` in flight, without checking a limit."""
+        state.clients[client] += 1
+        state.metrics.in_flight += 1
+        return cls(state, client)
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        st = self.state
+        st.metrics.in_flight -= 1
+        st.clients[self.client] -= 1
+        if st.clients[self.client] <= 0:
+            del st.clients[self.client]
+
+
+def client_key(request: Request) -> str:
+    """Who sent a request, for the per-client share: its bearer token (hashed: the key itself is not kept), else its
+    peer address (every client behind one proxy, or on one machine, is then one client)."""
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    token = token.strip(" \t")
+    if scheme.lower() == "bearer" and token:
+        return "key:" + hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    client = request.client
+    return "addr:" + (client.host if client is not None else "?")
 
 
 def model_stem(path: str) -> str:
@@ -260,7 +343,11 @@ async def send_json(send: Send, status: int, body: Any, headers: Mapping[str, st
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     hdrs += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
-    await send({"type": "http.response.body", "body": data, "more_body": False})
+    # in pieces: each write waits for the client to take what the transport holds (a client that does not read a
+    # large answer, logprobs of thousands of tokens, then holds 64 KiB of it in the server, and its stall_timeout runs)
+    pieces = [data[i : i + JSON_PIECE] for i in range(0, len(data), JSON_PIECE)] or [b""]
+    for i, piece in enumerate(pieces):
+        await send({"type": "http.response.body", "body": piece, "more_body": i < len(pieces) - 1})
 
 
 def api_error(e: BaseException) -> APIError:
@@ -355,8 +442,31 @@ async def generate(
     except APIError:
         state.metrics.rejected["invalid"] += 1
         raise
+    admission = state.admit(client_key(request))
     try:
-        gen, prompt_ids, max_tokens = await anyio.to_thread.run_sync(prepare, state, req)
+        gen, prompt_ids, max_tokens = await _prepare(state, req, kind)
+    except BaseException:
+        admission.release()
+        raise
+    try:
+        record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=len(prompt_ids), max_tokens=max_tokens)
+        out = response(state, req, gen, record)
+    except BaseException:
+        gen.cancel()
+        admission.release()
+        raise
+    gen.limit_backlog(BACKLOG)
+    out.admission = admission
+    weakref.finalize(out, admission.release)  # a response never run (its connection gone first) gives its place back
+    out.prompt_ids = prompt_ids
+    record.id = out.id
+    return out
+
+
+async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tuple[Any, list[int], int]:
+    """prepare() in a worker thread, its failures as the client's errors."""
+    try:
+        return await anyio.to_thread.run_sync(prepare, state, req)
     except APIError as e:
         state.metrics.rejected["context" if e.code == "context_length_exceeded" else "invalid"] += 1
         raise
@@ -374,12 +484,7 @@ async def generate(
         raise APIError(400, str(e), param=param) from None
     except EngineClosedError as e:
         raise api_error(e) from None
-    record = RequestRecord(id="", kind=kind, stream=req.stream, n_prompt=len(prompt_ids), max_tokens=max_tokens)
-    out = response(state, req, gen, record)
-    out.prompt_ids = prompt_ids
-    record.id = out.id
-    return out
 
 
-__all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "server_state", "model_stem", "read_json",
+__all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "Admission", "client_key", "BACKLOG", "server_state", "model_stem", "read_json",
            "read_body", "JSON", "error_response", "send_json", "api_error", "request_spec", "prepare", "generate"]

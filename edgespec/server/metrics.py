@@ -22,6 +22,7 @@ class Metrics:
     tokens: Counter = field(default_factory=Counter)  # prompt, cached, prefill, generated, drafted, accepted
     seconds: Counter = field(default_factory=Counter)  # queue, prefill, draft, target, wall
     in_flight: int = 0  # generation requests being answered (queued or running)
+    stalled: int = 0  # responses cancelled because their client did not read them (Settings.stall_timeout)
     cancel_overrun_max: int = 0  # most tokens a cancelled generation produced after its cancel (at most one cycle's)
 
     def record_generation(self, stats: Any, finish: str | None) -> None:
@@ -70,7 +71,10 @@ class Metrics:
         metric("slots_total", "gauge", "Slots: generations that may run at once (serve --parallel).", [({}, slots)])
         metric("queue_length", "gauge", "Generations waiting for a slot (a long one a short one displaced included).", [({}, queue_length)])
         metric("requests_running", "gauge", "Generations running now, each in a slot (the busy slots).", [({}, running)])
-        metric("requests_in_flight", "gauge", "Generation requests being answered (queued or running).", [({}, self.in_flight)])
+        metric("requests_in_flight", "gauge", "Generation requests being answered (queued, running, or being written to a slow client).",
+               [({}, self.in_flight)])
+        metric("requests_stalled_total", "counter", "Responses cancelled because their client did not read them for the stall timeout.",
+               [({}, self.stalled)])
         metric("cancel_overrun_tokens_max", "gauge", "Most tokens a cancelled generation produced after its cancel (one cycle at most).",
                [({}, self.cancel_overrun_max)])
         return "\n".join(out) + "\n"

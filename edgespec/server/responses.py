@@ -95,8 +95,20 @@ def edgespec_stats(stats: Any, req: CompletionRequest, drafter: str) -> dict[str
 
 
 
+class ClientStalled(Exception):
+    """A write to the client did not complete within Settings.stall_timeout: it does not read its response."""
+
+
 class GenerationResponse:
-    """An ASGI response that writes one generation (JSON or SSE) while watching for the client leaving."""
+    """An ASGI response that writes one generation (JSON or SSE) while watching for the client leaving.
+
+    Backpressure: the generation pauses while BACKLOG chunks wait for this writer (core.generate sets it), and each
+    write waits for the client to take what the transport holds (uvicorn's flow control, past 64 KiB): a client that
+    does not read holds a bounded amount of memory. A write that waits longer than Settings.stall_timeout cancels the
+    generation and closes the connection (ClientStalled)."""
+
+    admission: Any = None  # core.Admission: this request counted in flight until it is written (set by core.generate)
+    _keep_logprobs = True  # keep every token's logprobs for the end (a stream that sends them as it goes does not)
 
     def __init__(self, state: ServerState, req: CompletionRequest, gen: Any, record: RequestRecord) -> None:
         self.state = state
@@ -138,28 +150,63 @@ class GenerationResponse:
         self.record.client_left = True
         self.record.tokens_at_cancel = len(self.gen.token_ids)
 
-    async def _watch(self, receive: Receive) -> None:
+    async def _watch(self, receive: Receive, gone: anyio.Event) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self._left()
+                gone.set()
                 return
 
+    def _stalled(self) -> None:
+        """The client stopped reading for stall_timeout: cancel the generation (as if the client had left)."""
+        if not self.gen.done:
+            self.gen.cancel()
+        self.state.metrics.stalled += 1
+        if not self.client_left:
+            self.client_left = True
+            self.record.client_left = True
+            self.record.tokens_at_cancel = len(self.gen.token_ids)
+        self.record.stalled = True
+        log.warning("a client did not read its response for %g s: its generation was cancelled and its connection closed",
+                    self.state.settings.stall_timeout)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.state.metrics.in_flight += 1
+        if self.admission is None:  # made outside core.generate: counted in flight here, without a limit
+            from .core import Admission
+
+            self.admission = Admission.count(self.state, "")
         self.state.live.add(self)
         if self.state.closing:
             self.gen.cancel()
+        timeout = self.state.settings.stall_timeout
+        # serve's HTTP protocol lends the connection's abort (cli/serve.py); elsewhere a stalled response just ends
+        abort = (scope.get("extensions") or {}).get("edgespec.abort")
+        gone = anyio.Event()
+
+        async def guarded(message: Any) -> None:
+            with anyio.move_on_after(timeout) as waited:
+                await send(message)
+            if waited.cancelled_caught:
+                raise ClientStalled
+
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch, receive)
+                tg.start_soon(self._watch, receive, gone)
                 try:
                     if self.req.stream:
-                        await self._stream(send)
+                        await self._stream(guarded)
                     else:
-                        await self._complete(send)
+                        await self._complete(guarded)
                 except OSError:  # a write to a client that has gone (servers that raise instead of ignoring it)
                     self._left()
+                    await self._drain()
+                except ClientStalled:
+                    self._stalled()
+                    if abort is not None:
+                        abort()  # what the transport holds is dropped now, not when the client reads it
+                        with anyio.move_on_after(1.0):
+                            await gone.wait()  # (the server has seen the connection go: the response needs no end)
                     await self._drain()
                 finally:
                     tg.cancel_scope.cancel()
@@ -192,7 +239,7 @@ class GenerationResponse:
         return None
 
     def _track(self, chunk: Any) -> None:
-        if chunk.logprobs:
+        if chunk.logprobs and self._keep_logprobs:
             self.logprobs.extend(chunk.logprobs)
         n = len(chunk.text)
         if self.req.show_draft and chunk.from_draft and n:
@@ -328,6 +375,7 @@ class GenerationResponse:
         await send({"type": "http.response.start", "status": 200, "headers": list(headers) + extra})
 
     async def _stream(self, send: Send) -> None:
+        self._keep_logprobs = False  # each chunk's logprobs go out with it; none are needed at the end
         await self._start(send)
 
         async def body(data: bytes) -> None:
@@ -397,7 +445,8 @@ class GenerationResponse:
     def _finish(self) -> None:
         self.state.live.discard(self)
         m = self.state.metrics
-        m.in_flight -= 1
+        if self.admission is not None:
+            self.admission.release()
         rec = self.record
         stats = self.gen.stats
         err = self._error() if self.gen.done else None
