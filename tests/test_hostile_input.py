@@ -237,6 +237,72 @@ def test_responses_metadata_is_checked_as_openai_does(srv):
     assert r.status_code == 200 and r.json()["metadata"] == {"k": "v" * 512}
 
 
+# --------------------------------------------------------------------------------------------- numbers (issue 44)
+# Every numeric field of every route, sent out of its range, non-finite (1e309 is Python's json's inf), huge, or of
+# the wrong type: a 400 naming it, or a 200 listing it in the ignored-parameters header. Never a 200 in silence.
+BAD_NUMBERS = ["1e309", "-1e309", "-1", "-1e308", "1e308", "1" + "0" * 30, '"1"', "true", "[1]", "9" * 5000]
+COMMON_NUMBERS = ["max_completion_tokens", "max_tokens", "n_predict", "temperature", "top_p", "seed", "repeat_last_n", "top_k",
+                  "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty", "draft_max", "speculative.n_max",
+                  "n", "best_of", "n_probs", "mirostat", "typical_p", "tfs_z", "dynatemp_range", "dry_multiplier",
+                  "xtc_probability", "top_n_sigma"]
+COMPLETION_NUMBERS = COMMON_NUMBERS + ["logprobs", "top_logprobs"]
+LLAMA_NUMBERS = COMPLETION_NUMBERS + ["n_indent", "t_max_predict_ms", "id_slot"]
+OLLAMA_OPTIONS = ["num_predict", "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
+                  "presence_penalty", "frequency_penalty", "num_ctx", "mirostat", "tfs_z", "typical_p", "num_thread", "num_batch"]
+ROUTES = {  # path -> (the base body, its numeric fields)
+    "/v1/chat/completions": ({"messages": MSG, "max_tokens": 2, "logprobs": True}, COMMON_NUMBERS + ["top_logprobs"]),
+    "/v1/completions": ({"prompt": "hi", "max_tokens": 2}, COMPLETION_NUMBERS),
+    "/completion": ({"prompt": "hi", "n_predict": 2}, LLAMA_NUMBERS),
+    "/infill": ({"input_prefix": "def f(", "input_suffix": ")", "n_predict": 2}, LLAMA_NUMBERS),
+    "/v1/responses": ({"input": "hi", "max_output_tokens": 16}, ["max_output_tokens", "temperature", "top_p", "seed", "top_k", "min_p",
+                      "repeat_penalty", "presence_penalty", "frequency_penalty", "draft_max", "top_logprobs", "max_tool_calls"]),
+    "/api/generate": ({"model": "m", "prompt": "hi", "stream": False, "logprobs": True, "options": {"num_predict": 2}},
+                      ["top_logprobs"] + [f"options.{o}" for o in OLLAMA_OPTIONS]),
+    "/api/chat": ({"model": "m", "messages": MSG, "stream": False, "logprobs": True, "options": {"num_predict": 2}},
+                  ["top_logprobs"] + [f"options.{o}" for o in OLLAMA_OPTIONS]),
+}
+# (field, value) pairs of BAD_NUMBERS that are in range (a 200 that reads them is right)
+IN_RANGE = {("seed", "-1"), ("top_k", "-1"), ("n_predict", "-1"), ("repeat_last_n", "-1"), ("presence_penalty", "-1"),
+            ("frequency_penalty", "-1"), ("id_slot", "-1"), ("t_max_predict_ms", "1e308"), ("t_max_predict_ms", "1" + "0" * 30),
+            ("options.num_predict", "-1"),
+            ("options.seed", "-1"), ("options.top_k", "-1"), ("options.repeat_last_n", "-1"),
+            ("options.presence_penalty", "-1"), ("options.frequency_penalty", "-1"),
+            ("top_n_sigma", "-1")}  # llama-server's "off"
+
+
+def with_value(body: dict, field: str, literal: str) -> str:
+    """The body as JSON text with `field` (options.x: inside options) set to the literal JSON text `literal`."""
+    marker = "\ue000number\ue000"
+    body = json.loads(json.dumps(body))
+    if field.startswith("options."):
+        body["options"][field.split(".", 1)[1]] = marker
+    else:
+        body[field] = marker
+    return json.dumps(body).replace(json.dumps(marker), literal)
+
+
+@pytest.mark.parametrize("path, field", [(p, f) for p, (_, fields) in ROUTES.items() for f in fields])
+def test_every_number_out_of_range_is_a_400_naming_it_or_ignored(srv, path, field):
+    base, _ = ROUTES[path]
+    for literal in BAD_NUMBERS:
+        if (field, literal) in IN_RANGE:
+            continue  # a valid value (what the route does with it is tested elsewhere)
+        r = raw_post(srv, path, with_value(base, field, literal))
+        what = (path, field, literal[:20], r.status_code, r.text[:300])
+        if r.status_code == 200:
+            ignored = [k.strip() for k in r.headers.get(IGNORED_HEADER, "").split(",")]
+            assert field in ignored or (field, literal) in IN_RANGE, what
+            continue
+        assert r.status_code == 400, what
+        err = r.json()["error"]
+        if path.startswith("/api/"):  # Ollama's shape: one string that names the field
+            assert err.startswith(field + " ") or err.startswith(field + ":"), what
+        else:
+            assert err["param"] == field and field in err["message"] and "\n" not in err["message"], what
+            assert err["type"] == "invalid_request_error", what
+    no_tracebacks(srv)
+
+
 # --------------------------------------------------------------------------------------------- the CLI
 def cli(*args: str | bytes, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     """`edgespec generate` in a process; the constraint is checked before any model is loaded."""

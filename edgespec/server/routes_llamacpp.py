@@ -39,6 +39,7 @@ from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Num, S
 # llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
 COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
 INFILL_KEYS = COMPLETION_KEYS | {"input_prefix", "input_suffix", "input_extra"}
+INT32_MAX = 2**31 - 1  # llama-server reads n_indent and id_slot into an int32
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit"}
 # /tokenize's content, in UTF-8 bytes (each may be a token id: a Python int in the list, a number in the JSON; with
 # pieces an object each): 4 MiB is ~4M ids at most, ~0.2 GiB; a 28 MB content took 1-2 GiB
@@ -51,10 +52,15 @@ class LlamaBody(Body):
     """What /completion reads besides schema.CommonBody (llama-server's own fields; its wording of their errors)."""
 
     response_fields: Annotated[list[Str] | None, Says("response_fields must be an array of field names (a nested one as a/b)")] = None
-    n_indent: Annotated[Annotated[int, Strict()] | None, Field(ge=0),
+    n_indent: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=INT32_MAX),
                         Says("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
     t_max_predict_ms: Annotated[Num | None, Field(ge=0), Says("t_max_predict_ms must be a number of milliseconds >= 0")] = None
-    return_tokens: Any = None
+    return_tokens: Annotated[Bool | None, Says("return_tokens must be true or false")] = None
+    # accepted without effect (the KV cache is always reused; the server picks the slot), but checked as llama-server
+    # reads them
+    cache_prompt: Annotated[Bool | None, Says("cache_prompt must be true or false")] = None
+    id_slot: Annotated[Annotated[int, Strict()] | None, Field(ge=-1, le=INT32_MAX),
+                       Says("id_slot must be an integer >= -1 (-1: any slot)")] = None
 
     @property
     def t_max(self) -> float | None:

@@ -109,7 +109,8 @@ def _options(opts: dict[str, Any] | None, n_ctx: int) -> tuple[dict[str, Any], l
         elif k in RUNTIME_OPTIONS:
             ignored.append(f"options.{k}")
         elif k in NEUTRAL_OPTIONS:
-            if v is not None and v != NEUTRAL_OPTIONS[k] and k != "penalize_newline":
+            neutral = v is None or k == "penalize_newline" or (not isinstance(v, bool) and v == NEUTRAL_OPTIONS[k])
+            if not neutral:
                 raise unsupported(f"options.{k}", f"options.{k} is not supported by this server")
             ignored.append(f"options.{k}")
         else:
@@ -163,6 +164,25 @@ def _common(body: Mapping[str, Any], n_ctx: int, known: frozenset[str], m: Ollam
     return mapped, tuple(ignored + ign)
 
 
+# the keys of the mapped body -> the Ollama field they came from (for the errors schema raises)
+FROM_OLLAMA = {**{v: f"options.{k}" for k, v in OPTION_KEYS.items()}, "response_format": "format"}
+
+
+def _parse(parse: Any, mapped: Mapping[str, Any]) -> CompletionRequest:
+    """schema.parse_chat / parse_completion of the mapped body, its errors naming the Ollama field (options.temperature,
+    not temperature)."""
+    try:
+        return parse(mapped)
+    except APIError as e:
+        p = e.param or ""
+        head = p.split(".", 1)[0].split("[", 1)[0]
+        if head not in FROM_OLLAMA:
+            raise
+        name = FROM_OLLAMA[head]
+        msg = e.message.replace(head, name, 1) if e.message.startswith(head) else e.message
+        raise APIError(e.status, msg, param=name + p[len(head):], code=e.code, headers=e.headers) from None
+
+
 def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
     ob = validate_body(OllamaBody, body)
     mapped, ignored = _common(body, n_ctx, CHAT_KEYS, ob)
@@ -182,7 +202,7 @@ def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> C
         mapped["tools"] = tools
         if "tool_choice" in body:  # not Ollama's: an edgespec extension with the OpenAI values (default "auto")
             mapped["tool_choice"] = body["tool_choice"]
-    req = schema.parse_chat({**mapped, "messages": msgs})
+    req = _parse(schema.parse_chat, {**mapped, "messages": msgs})
     return replace(req, ignored=ignored, logprobs=_logprobs(ob))
 
 
@@ -196,13 +216,13 @@ def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Any = None) 
     if context and (suffix or raw):
         raise unsupported("context", "context cannot be combined with " + ("suffix" if suffix else "raw"))
     if suffix:
-        req = schema.parse_completion({**mapped, "prompt": prompt})
+        req = _parse(schema.parse_completion, {**mapped, "prompt": prompt})
         return replace(req, prompt=None, ignored=ignored + (("system",) if system else ()), infill=InfillInput(prompt, suffix), logprobs=lp)
     if raw:
-        req = schema.parse_completion({**mapped, "prompt": prompt})
+        req = _parse(schema.parse_completion, {**mapped, "prompt": prompt})
         return replace(req, ignored=ignored + (("system",) if system else ()), logprobs=lp)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    req = replace(schema.parse_chat({**mapped, "messages": messages}), kind="completion", ignored=ignored, logprobs=lp)
+    req = replace(_parse(schema.parse_chat, {**mapped, "messages": messages}), kind="completion", ignored=ignored, logprobs=lp)
     if not context:
         return req
     try:  # the new turn after the earlier tokens (no second BOS)

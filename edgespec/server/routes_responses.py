@@ -22,7 +22,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Mapping
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,11 +36,12 @@ from .schema import APIError, Body, Bool, CompletionRequest, Says, Str, bad, uns
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-# Keys read here; the parameters OpenAI defines that do not change the answer are accepted and reported ignored.
+# Keys read here; the parameters OpenAI defines that do not change the answer are accepted and reported ignored
+# (max_tool_calls: it limits calls to OpenAI's built-in tools, and only function tools are served here).
 KNOWN = frozenset({"model", "input", "instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p",
                    "stream", "store", "text", "tools", "tool_choice", "seed", "stop", "top_k", "min_p", "repeat_penalty",
                    "presence_penalty", "frequency_penalty", "speculative", "draft_max", "show_draft", "reasoning",
-                   "include", "background", "max_tool_calls", "top_logprobs", "truncation", "parallel_tool_calls",
+                   "include", "background", "top_logprobs", "truncation", "parallel_tool_calls",
                    "stream_options", "conversation", "prompt", "metadata"})
 # parameter -> the chat completions key it becomes (for errors chat completions raises)
 RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
@@ -55,6 +56,8 @@ class ResponsesBody(Body):
     text: Annotated[dict[str, Any] | None, Says("text must be an object like {\"format\": {\"type\": \"text\"}}")] = None
     store: Annotated[Bool | None, Says("store must be true or false")] = None
     metadata: Annotated[dict[str, Any] | None, Says("metadata must be an object of string keys and string values")] = None
+    top_logprobs: Annotated[schema.Integer, Field(ge=0, le=20)] = None  # then refused unless 0 (to_chat_body)
+    max_tool_calls: Annotated[schema.Integer, Field(ge=1, le=schema.MAX_TOKENS_LIMIT)] = None  # checked, then reported ignored
 
     @field_validator("metadata", mode="after")
     @classmethod
@@ -185,7 +188,7 @@ def to_chat_body(body: Mapping[str, Any], previous: Stored | None, m: ResponsesB
                      ("top_p", "top_p"), ("stream", "stream"), ("seed", "seed"), ("stop", "stop"), ("top_k", "top_k"),
                      ("min_p", "min_p"), ("repeat_penalty", "repeat_penalty"), ("presence_penalty", "presence_penalty"),
                      ("frequency_penalty", "frequency_penalty"), ("speculative", "speculative"), ("draft_max", "draft_max"),
-                     ("show_draft", "show_draft")):
+                     ("show_draft", "show_draft"), ("parallel_tool_calls", "parallel_tool_calls")):
         if body.get(src) is not None:
             chat[dst] = body[src]
     text = m.text

@@ -19,10 +19,12 @@ server logs each name once (docs/server.md).
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Mapping, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..config import API_SAMPLING, MAX_SEED, SamplingParams
@@ -102,18 +104,69 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise bad(None, f"the request body is not valid UTF-8 (byte {e.start})") from None
 
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
+    outside: list[_Outside] = []
+
+    def number(literal: str, value: float | int) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            outside.append(_Outside(literal))
+            return outside[-1]
+        return value
+
+    def parse_int(literal: str) -> Any:
+        # past Python's limit on the digits of an int read from text (4,300), int() fails: a number out of range
+        return number(literal, int(literal)) if len(literal) <= _MAX_INT_DIGITS else number(literal, math.inf)
 
     try:
-        body = loads_json(text, "the request body", parse_constant=no_constants)
+        body = loads_json(text, "the request body", parse_constant=lambda c: number(c, float(c)),
+                          parse_float=lambda f: number(f, float(f)), parse_int=parse_int)
     except JSONDepthError as e:
         raise bad(None, str(e), code="json_too_deep") from None
     except ValueError as e:  # json.JSONDecodeError is a ValueError
         raise bad(None, f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise bad(None, f"the request body must be a JSON object, got a JSON {_json_type(body)}")
+    if outside:
+        where = _path_to(body, lambda v: v is outside[0])
+        raise bad(where, f"{where} must be a finite number, got {outside[0].shown()}")
     return body
+
+
+# an int read from text may have at most this many digits (sys.get_int_max_str_digits(), 4,300 by default)
+_MAX_INT_DIGITS = (getattr(sys, "get_int_max_str_digits", lambda: 0)() or 4300) - 1
+
+
+class _Outside(float):
+    """A JSON number a double cannot hold (1e309, -1e309, an integer of thousands of digits) or JSON's non-standard
+    NaN / Infinity, as Python's json reads them: infinite or NaN. parse_json answers each with a 400 naming where it
+    is in the body (its path: options.temperature, messages[0].x)."""
+
+    literal: str
+
+    def __new__(cls, literal: str) -> "_Outside":
+        v = float("nan") if literal == "NaN" else float("-inf") if literal.startswith("-") else float("inf")
+        out = super().__new__(cls, v)
+        out.literal = literal
+        return out
+
+    def shown(self) -> str:
+        digits = self.literal.lstrip("-")
+        if digits.isdigit() and len(digits) > 40:
+            return f"an integer of {len(digits)} digits"
+        return f"{self.literal[:40]} (outside the range of a double)" if self.literal not in ("NaN", "Infinity", "-Infinity") else self.literal
+
+
+def _path_to(obj: Any, hit: Any) -> str | None:
+    """The path (a.b[0].c) of the first value in obj for which hit(value) is true, walking without recursion."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, v = stack.pop()
+        if hit(v):
+            return where
+        if isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), c) for k, c in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", c) for i, c in reversed(list(enumerate(v))))
+    return None
 
 
 # --------------------------------------------------------------------------------------------- body models
@@ -144,7 +197,7 @@ def _integral(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v  # 5.0 from a JavaScript client is 5
 
 
-Num = Annotated[float, Strict()]  # a JSON number (an integer too), never a string or a boolean
+Num = Annotated[float, Strict(), AllowInfNan(False)]  # a finite JSON number (an integer too), never a string or a boolean
 Int = Annotated[int, BeforeValidator(_integral), Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
@@ -191,7 +244,6 @@ class CommonBody(Body):
     stop: Any = None
     show_draft: Bool | None = None
     logprobs: Any = None
-    top_logprobs: Any = None
     response_format: Any = None
     json_schema: Any = None
     grammar: Str | None = None
@@ -235,6 +287,9 @@ class CompletionBody(CommonBody):
     prompt: Any = None
     suffix: Str | None = None
     logprobs: Annotated[Integer, Field(ge=0, le=5)] = None  # the completions API: how many alternatives (null = off)
+    # chat's field, not the completions API's (`logprobs` is the count here): checked as chat checks it, then not
+    # read (reported ignored: it is outside COMMON_KEYS)
+    top_logprobs: Annotated[Integer, Field(ge=0, le=20)] = None
 
 
 def _json_type(v: Any) -> str:
@@ -314,7 +369,10 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> APIError:
         return bad(name, f"{name} must be a number, got {shown}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and lo is not None and hi is not None:
         if f_kind is INTEGER:
-            return bad(name, f"{name} must be in [{lo}, {hi}], got {_integral(v)}")
+            got = _integral(v)
+            digits = len(str(abs(got))) if isinstance(got, int) else 0
+            shown_int = f"{v:g}" if isinstance(v, float) and digits > 20 else got if digits <= 20 else f"an integer of {digits} digits"
+            return bad(name, f"{name} must be in [{lo}, {hi}], got {shown_int}")
         return bad(name, f"{name} must be in {lb}{lo:g}, {hi:g}{rb}, got {float(v):g}")
     return bad(name or None, f"{name + ': ' if name else ''}{err['msg']}")  # a check without words of our own
 
@@ -387,7 +445,7 @@ def parse_chat(body: Mapping[str, Any]) -> CompletionRequest:
         messages = tool_history(messages)  # checked here; rendered (with the tools) by the engine, for its template
     except ConfigError as e:
         raise bad("messages", str(e)) from None
-    req = replace(_common(m, "chat", messages=messages), ignored=ignored_keys(body, {"messages"}))
+    req = replace(_common(m, "chat", messages=messages), ignored=ignored_keys(body, {"messages", "top_logprobs"}))
     lp = (m.top_logprobs or 0) if m.logprobs else None
     return _no_infill_with(replace(req, constraint=constraint, tools=tools if choice != "none" else [], tool_choice=choice, logprobs=lp))
 
@@ -528,6 +586,7 @@ def _prompt(v: Any) -> tuple[str | None, list[int] | None]:
 
 
 def _is_int(v: Any, n: int) -> bool:
+    """v is the JSON number n (1 or 1.0; never true or false)."""
     return not isinstance(v, bool) and isinstance(v, (int, float)) and v == n
 
 
@@ -550,12 +609,12 @@ UNSUPPORTED: list[tuple[str, Any, str]] = [
     ("n_probs", lambda v: _is_int(v, 0), "n_probs is not supported"),
     ("ignore_eos", lambda v: v is False, "ignore_eos is not supported"),
     ("mirostat", lambda v: _is_int(v, 0), "mirostat sampling is not supported"),
-    ("typical_p", lambda v: v == 1, "typical_p is not supported"),
-    ("tfs_z", lambda v: v == 1, "tfs_z is not supported"),
-    ("dynatemp_range", lambda v: v == 0, "dynamic temperature is not supported"),
-    ("dry_multiplier", lambda v: v == 0, "DRY sampling is not supported"),
-    ("xtc_probability", lambda v: v == 0, "XTC sampling is not supported"),
-    ("top_n_sigma", lambda v: v in (-1, 0), "top_n_sigma is not supported"),
+    ("typical_p", lambda v: _is_int(v, 1), "typical_p is not supported"),
+    ("tfs_z", lambda v: _is_int(v, 1), "tfs_z is not supported"),
+    ("dynatemp_range", lambda v: _is_int(v, 0), "dynatemp_range (dynamic temperature) is not supported"),
+    ("dry_multiplier", lambda v: _is_int(v, 0), "dry_multiplier (DRY sampling) is not supported"),
+    ("xtc_probability", lambda v: _is_int(v, 0), "xtc_probability (XTC sampling) is not supported"),
+    ("top_n_sigma", lambda v: _is_int(v, -1) or _is_int(v, 0), "top_n_sigma is not supported"),
     ("lora", lambda v: v == [], "LoRA adapters are not supported"),
 ]
 
