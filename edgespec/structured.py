@@ -260,7 +260,9 @@ def prompt_messages(
 # The shapes small models write a call in: `<tool_call>{...}</tool_call>` (Hermes/Qwen2.5; a last block the model
 # did not close counts), a fenced ```json block, and at the start of an answer a bare JSON object or array. The
 # JSON is {"name", "arguments"} ("parameters" is read as "arguments"; {"function": {...}} is unwrapped); untagged
-# JSON is a call only when it names one of the offered tools.
+# JSON is a call only when it names one of the offered tools. Several calls in one answer come in any of these
+# shapes: several blocks (tagged or fenced), an array of calls, or several values one after another (white space or
+# a comma between them) in one block or bare at the start; each is a call, in order.
 _FENCE_LANGS = ("", "json", "tool_call", "tool_code", "tool_calls")
 _BLOCK_RE = re.compile(
     r"<tool_call>\s*(?P<tag>.*?)\s*(?:</tool_call>|\Z)"
@@ -288,11 +290,37 @@ def _as_calls(obj: Any, names: Sequence[str] | None) -> list[dict[str, Any]] | N
     return out or None
 
 
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+_DECODER = json.JSONDecoder()
+
+
+def _values_at(text: str, i: int, names: Sequence[str] | None) -> tuple[list[dict[str, Any]], int]:
+    """The calls in the JSON values one after another from text[i] (white space, or a comma and white space, between
+    them), and where the last call ends; stops at the first thing that is not such a value ([] and i when none)."""
+    calls: list[dict[str, Any]] = []
+    end = i
+    while True:
+        j = i + len(text[i:]) - len(text[i:].lstrip())
+        if calls and j < len(text) and text[j] == ",":
+            j += 1
+            j += len(text[j:]) - len(text[j:].lstrip())
+        if j >= len(text) or text[j] not in "{[":
+            return calls, end
+        try:
+            obj, k = _DECODER.raw_decode(text, j)
+        except (ValueError, RecursionError):
+            return calls, end
+        found = _as_calls(obj, names)
+        if found is None:
+            return calls, end
+        calls += found
+        i = end = k
+
+
+def _block_calls(body: str, names: Sequence[str] | None) -> list[dict[str, Any]] | None:
+    """The calls of a tagged or fenced block's body: one JSON value or several one after another, all of them calls
+    and nothing else in the block (None otherwise)."""
+    calls, end = _values_at(body, 0, names)
+    return calls if calls and not body[end:].strip() else None
 
 
 class ToolCallSplitter:
@@ -361,23 +389,14 @@ class ToolCallSplitter:
         rest: list[str] = []
         pos = 0
         if self.bare and self.names is not None:  # one or more JSON values from the start
-            dec = json.JSONDecoder()
-            i = len(held) - len(held.lstrip())
-            while i < len(held) and held[i] in "{[":
-                try:
-                    obj, end = dec.raw_decode(held, i)
-                except (ValueError, RecursionError):
-                    break
-                found = _as_calls(obj, self.names)
-                if found is None:
-                    break
-                calls += found
-                pos = i = end + len(held[end:]) - len(held[end:].lstrip())
+            calls, end = _values_at(held, 0, self.names)
+            if calls:
+                pos = end + len(held[end:]) - len(held[end:].lstrip())
         for m in _BLOCK_RE.finditer(held, pos):
             if m.group("tag") is not None:
-                found = _as_calls(_loads(m.group("tag")), None)
+                found = _block_calls(m.group("tag"), None)
             elif m.group("lang").lower() in _FENCE_LANGS and self.names is not None:
-                found = _as_calls(_loads(m.group("fence")), self.names)
+                found = _block_calls(m.group("fence"), self.names)
             else:
                 found = None
             if found:

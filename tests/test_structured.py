@@ -174,6 +174,65 @@ def test_parse_tool_calls_several_and_not_calls():
     assert parse_tool_calls(f"```json\n{CALL}\n```")[1] == []
 
 
+ROME = '{"name": "get_weather", "arguments": {"city": "rome"}}'
+TWO = [("get_weather", {"city": "paris"}), ("get_weather", {"city": "rome"})]
+SEVERAL = [  # (an answer holding two calls, the content left around them)
+    (f"```json\n{CALL}\n{ROME}\n```", None),  # one fenced block, the objects one after another
+    (f"```json\n{CALL}\n\n{ROME}\n```", None),
+    (f"```json\n{CALL},\n{ROME}\n```", None),  # ... with a comma between them
+    (f"```\n{json.dumps(json.loads(CALL), indent=2)}\n{json.dumps(json.loads(ROME), indent=2)}\n```", None),  # pretty-printed
+    (f"I'll check both.\n```json\n{CALL}\n{ROME}\n```", "I'll check both."),
+    (f"{CALL}\n{ROME}", None),  # bare, one after another
+    (f"{CALL}, {ROME}", None),
+    (f"{CALL}\n{ROME}\nBoth cities.", "Both cities."),
+    (f"[{CALL}, {ROME}]", None),  # an array
+    (f"```json\n[{CALL}, {ROME}]\n```", None),
+    (f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{ROME}\n</tool_call>", None),  # several tagged blocks
+    (f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{ROME}", None),  # the last one not closed
+    (f"<tool_call>\n{CALL}\n{ROME}\n</tool_call>", None),  # two in one tagged block
+    (f"```json\n{CALL}\n```\n```json\n{ROME}\n```", None),  # several fenced blocks
+    (f"Paris:\n```json\n{CALL}\n```\nRome:\n```json\n{ROME}\n```", "Paris:\nRome:"),
+]
+
+
+@pytest.mark.parametrize("text, content", SEVERAL)
+def test_several_calls_in_one_answer_are_several_calls(text, content):
+    got, calls = parse_tool_calls(text, NAMES)
+    assert got == content and _names(calls) == TWO, text
+    assert len({c["id"] for c in calls}) == 2
+    pieces = ToolCallSplitter(NAMES)  # streamed one character at a time: the same calls, no call text sent
+    sent = "".join(pieces.feed(ch) for ch in text)
+    rest, streamed = pieces.finish()
+    assert _names(streamed) == TWO and "get_weather" not in sent
+    assert (sent + rest).strip() == (content or "")
+
+
+# Captured (2026-12-05): the real pair (Qwen2.5-Coder 1.5B + 0.5B Q4_K_M) through /v1/chat/completions at
+# temperature 0, tool_choice "auto", the one tool bench/tool_roundtrip.py's get_weather ({"city": string}), asked
+# "What's the weather in Paris? And what's the weather in Tokyo?": two calls in one fenced block, pretty-printed.
+REAL_PAIR_TWO_WEATHER = (
+    '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n'
+    '{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Tokyo"\n  }\n}\n```'
+)
+
+
+def test_several_calls_the_real_pair_wrote():
+    content, calls = parse_tool_calls(REAL_PAIR_TWO_WEATHER, ["get_weather"])
+    assert content is None and _names(calls) == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Tokyo"})]
+    s = ToolCallSplitter(["get_weather"])
+    sent = "".join(s.feed(REAL_PAIR_TWO_WEATHER[i : i + 3]) for i in range(0, len(REAL_PAIR_TWO_WEATHER), 3))
+    assert sent == "" and _names(s.finish()[1]) == _names(calls)
+
+
+def test_a_block_with_a_call_and_something_else_is_text():
+    for text in (f"```json\n{CALL}\n{{\"city\": \"rome\"}}\n```", f"```json\n{CALL}\nnot json\n```",
+                 f"<tool_call>\n{CALL} trailing words\n</tool_call>"):
+        assert parse_tool_calls(text, NAMES) == (text, []), text
+    # bare values from the start: the calls are read up to the first value that is not one; the rest is text
+    content, calls = parse_tool_calls(f'{CALL}\n{{"city": "rome"}}', NAMES)
+    assert _names(calls) == [("get_weather", {"city": "paris"})] and content == '{"city": "rome"}'
+
+
 @pytest.mark.parametrize("text", [
     f"Let me look that up for you.\n<tool_call>\n{CALL}\n</tool_call>",
     f"Checking:\n```json\n{CALL}\n```\nDone.",

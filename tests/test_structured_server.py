@@ -307,6 +307,113 @@ def test_ollama_tools_answer_with_ollama_tool_calls(srv, choice):
     assert bad.status_code == 400 and "format" in bad.json()["error"]
 
 
+# --------------------------------------------------------------------------------------------- several calls, every route
+P2 = '{"name": "get_weather", "arguments": {"city": "paris", "days": 2}}'
+R2 = '{"name": "get_weather", "arguments": {"city": "rome", "days": 2}}'
+SEVERAL = {  # answers holding two calls, in the shapes small models write them
+    "one fenced block": f"```json\n{P2}\n{R2}\n```",
+    "bare one after another": f"{P2}\n{R2}",
+    "an array": f"[{P2}, {R2}]",
+    "tagged blocks": f"<tool_call>\n{P2}\n</tool_call>\n<tool_call>\n{R2}\n</tool_call>",
+    "fenced blocks": f"Checking both.\n```json\n{P2}\n```\n```json\n{R2}\n```",
+}
+TWO_CALLS = [("get_weather", {"city": "paris", "days": 2}), ("get_weather", {"city": "rome", "days": 2})]
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """The tiny model made to write exactly the answer set in holder["text"]: tool_choice "auto"'s constraint is
+    replaced by a grammar of that one text (the tiny model writes one character per token), so the routes' own
+    reading of the answer is what is tested."""
+    from edgespec.constraint import Constraint
+    from edgespec.server import schema
+
+    holder: dict[str, str] = {}
+    monkeypatch.setattr(schema, "tool_constraint", lambda tools, choice, parallel=True: Constraint.grammar(
+        "start: " + json.dumps(holder["text"])))
+    return holder
+
+
+def _chat_calls(srv, stream: bool) -> tuple[list, str | None, str]:
+    c = srv.client()
+    kw = dict(model="m", messages=ask("weather in paris and rome?"), tools=[WEATHER], temperature=0, max_tokens=400)
+    if not stream:
+        r = c.chat.completions.create(**kw)
+        calls = r.choices[0].message.tool_calls or []
+        return [(x.function.name, json.loads(x.function.arguments)) for x in calls], r.choices[0].finish_reason, r.choices[0].message.content or ""
+    slots: dict[int, dict[str, str]] = {}
+    finish, content = None, ""
+    for chunk in c.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        ch = chunk.choices[0]
+        content += ch.delta.content or ""
+        for tc in ch.delta.tool_calls or []:
+            slot = slots.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] += tc.id or ""
+            slot["name"] += (tc.function.name or "") if tc.function else ""
+            slot["arguments"] += (tc.function.arguments or "") if tc.function else ""
+        finish = ch.finish_reason or finish
+    assert len({s["id"] for s in slots.values()}) == len(slots)
+    return [(s["name"], json.loads(s["arguments"])) for _, s in sorted(slots.items())], finish, content
+
+
+@pytest.mark.parametrize("shape", SEVERAL)
+def test_several_calls_come_back_as_several_calls_on_every_route(srv, answers, shape):
+    answers["text"] = SEVERAL[shape]
+    for stream in (False, True):
+        calls, finish, content = _chat_calls(srv, stream)
+        assert calls == TWO_CALLS and finish == "tool_calls", (shape, stream, calls, content)
+        assert "get_weather" not in content
+    c = srv.client()
+    r = c.responses.create(model="m", input="weather in paris and rome?", tools=[RESP_WEATHER], temperature=0, max_output_tokens=400)
+    assert [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"] == TWO_CALLS, (shape, r.output)
+    with c.responses.stream(model="m", input="weather in paris and rome?", tools=[RESP_WEATHER], temperature=0,
+                            max_output_tokens=400) as s:
+        done_args = [ev.arguments for ev in s if ev.type == "response.function_call_arguments.done"]
+        final = s.get_final_response()
+    assert [json.loads(a) for a in done_args] == [a for _, a in TWO_CALLS]
+    assert [(o.name, json.loads(o.arguments)) for o in final.output if o.type == "function_call"] == TWO_CALLS
+    body = {"model": "m", "messages": ask("weather in paris and rome?"), "tools": [WEATHER], "options": {"temperature": 0}}
+    one = srv.post("/api/chat", {**body, "stream": False}).json()
+    assert [(x["function"]["name"], x["function"]["arguments"]) for x in one["message"]["tool_calls"]] == TWO_CALLS, one
+    lines = _ndjson(srv.post("/api/chat", body))
+    assert lines[-2]["message"]["tool_calls"] == one["message"]["tool_calls"] and lines[-1]["done"] is True
+
+
+@pytest.mark.real
+def test_real_pair_answers_two_questions_with_two_tool_calls(real_pair):
+    """Two weather questions under tool_choice "auto": the real pair writes both calls in one fenced block
+    (test_structured.REAL_PAIR_TWO_WEATHER); they come back as two tool_calls, streamed and not, and as two
+    function_call items on the Responses API."""
+    target, draft = real_pair
+    eng = Engine.load(ModelSpec(str(target), n_ctx=4096), ModelSpec(str(draft), n_ctx=4096), calibrate_costs=False)
+    s = ServerThread(create_app(eng))
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city.",
+                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    question = "What's the weather in Paris? And what's the weather in Tokyo?"
+    want = [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Tokyo"})]
+    try:
+        client = s.client(timeout=600)
+        r = client.chat.completions.create(model="m", messages=ask(question), tools=[tool], temperature=0, max_tokens=200)
+        calls = r.choices[0].message.tool_calls or []
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == want, r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and len({c.id for c in calls}) == 2
+        slots: dict[int, dict[str, str]] = {}
+        for chunk in client.chat.completions.create(model="m", messages=ask(question), tools=[tool], temperature=0, max_tokens=200, stream=True):
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                slot = slots.setdefault(tc.index, {"name": "", "arguments": ""})
+                slot["name"] += (tc.function.name or "") if tc.function else ""
+                slot["arguments"] += (tc.function.arguments or "") if tc.function else ""
+        assert [(v["name"], json.loads(v["arguments"])) for _, v in sorted(slots.items())] == want
+        resp = client.responses.create(model="m", input=question, tools=[{"type": "function", **tool["function"]}], temperature=0,
+                                       max_output_tokens=200)
+        assert [(o.name, json.loads(o.arguments)) for o in resp.output if o.type == "function_call"] == want, resp.output
+    finally:
+        s.stop()
+        eng.close()
+
+
 # --------------------------------------------------------------------------------------------- text streams with tools
 @pytest.fixture(scope="module")
 def qwen_srv(tmp_path_factory):
