@@ -14,8 +14,12 @@ A server that dies or stalls after the probe (mid-load, mid-decode) cannot be su
 aborts on a broken connection and waits forever on a silent one, and its connection to that endpoint stays cached
 for the process's life. So from the first RPC model on, the process ends with one line instead (`lost`, exit code
 EXIT_RPC_LOST): llama.cpp's abort is caught by ggml's abort callback, and every call that talks to the servers
-(decodes, cache snapshots, the load) runs under a watchdog that ends it after EDGESPEC_RPC_TIMEOUT seconds
-(default 30; the load gets that plus a second per 5 MB of the file). Before it ends, the `on_lost` hooks run (an
+(decodes, cache snapshots, freeing the model, the load) runs under a watchdog that ends it after EDGESPEC_RPC_TIMEOUT
+seconds (default 30; the load gets that plus a second per 5 MB of the file). ggml-rpc talks to a server from a thread
+of its own (its dispatcher): llama_decode only queues the graph and the read of the logits, and the wait for the
+answer is whichever call synchronizes next; so an RPC model's decode synchronizes inside its watched call
+(backend.Model._llama_decode), never later in an unwatched llama_get_logits_ith (which hung forever on a stalled
+server: issue 44). The ctypes calls release the GIL, so the watchdog runs while a call waits. Before it ends, the `on_lost` hooks run (an
 Engine's ends every generation with BackendLostError, so a server's clients get an error, not a dropped
 connection) and get LOST_GRACE seconds. `edgespec serve --rpc` runs the server in a child process and reloads it
 once the servers answer again (cli/supervise.py).
@@ -385,10 +389,10 @@ def release(endpoints: Sequence[str]) -> None:
             _users[ep] = max(0, _users.get(ep, 0) - 1)
 
 
-def model_devices(endpoints: Sequence[str]) -> tuple[Any, list[int]]:
+def model_devices(endpoints: Sequence[str], timeout_s: float = PROBE_TIMEOUT) -> tuple[Any, list[int]]:
     """For llama_model_params.devices: the servers' devices, then this machine's GPUs, as a NULL-terminated array
     (keep it alive until the model is loaded), and the list. The caller releases the endpoints."""
-    devs = acquire(endpoints)
+    devs = acquire(endpoints, timeout_s)
     try:
         devs += local_devices()
     except BaseException:

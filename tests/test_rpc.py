@@ -671,11 +671,13 @@ def test_serve_answers_503_while_a_server_is_lost_and_reloads_once_it_is_back(ti
 
 @needs_rpc
 @pytest.mark.slow  # a chat process and a server killed under it: make test runs it, make test-fast does not
-def test_a_chat_that_loses_its_server_saves_the_conversation(tiny, tmp_path):
-    """`edgespec chat --rpc`: the server dies between two messages; the chat saves the conversation (the second
-    message included) before the process ends with the one line and exit 75, and a chat without the server resumes it."""
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_chat_that_loses_its_server_saves_the_conversation(tiny, tmp_path, how):
+    """`edgespec chat --rpc`: the server dies (or stops answering: SIGSTOP) between two messages; the chat saves the
+    conversation (the second message included) before the process ends with the one line and exit 75, and a chat
+    without the server resumes it."""
     server = RpcServer()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_DATA_DIR": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_DATA_DIR": str(tmp_path), rpc.TIMEOUT_ENV: str(STALL_TIMEOUT)}
     args = [sys.executable, "-m", "edgespec", "chat", "-m", str(tiny["target"]), "--no-draft", "--temperature", "0", "--max-tokens", "8",
             "--threads", "1", "--ctx", "512"]
     chat = subprocess.Popen([*args, "--rpc", server.endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -686,15 +688,19 @@ def test_a_chat_that_loses_its_server_saves_the_conversation(tiny, tmp_path):
         chat.stdin.flush()
         first = chat.stdout.readline()  # the first answer has come
         time.sleep(0.5)  # and ended (8 tokens of the tiny model: milliseconds)
-        server.stop()
+        if how == "killed":
+            server.stop()
+        else:
+            _stopped(server)
         out, err = chat.communicate("the cat\n", timeout=60)
     finally:
         if chat.poll() is None:
             chat.kill()
-        server.stop()
+        _resume_and_stop(server)
     assert chat.returncode == rpc.EXIT_RPC_LOST, err[-2000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: the connection to RPC server"), err[-2000:]
+    said = "Error: the connection to RPC server" if how == "killed" else f"Error: RPC server {server.endpoint} did not answer within 2 s"
+    assert len(lines) == 1 and lines[0].startswith(said), err[-2000:]
     saved = list((tmp_path / "chats").glob("lost-*.json"))
     assert len(saved) == 1 and f"--resume {saved[0]}" in out, (first, out)
     import json
