@@ -274,7 +274,8 @@ class Model:
         self._rpc_timeout = 0.0  # seconds a call to the RPC servers may take (rpc.WATCHDOG), read once at load
         if spec.rpc:  # the layers go to the RPC servers' devices (then this machine's GPUs): rpc.py
             self._rpc_timeout = rpc.timeout()  # a bad EDGESPEC_RPC_TIMEOUT: one ConfigError now, before anything is held
-            self._rpc_devices, _ = rpc.model_devices(spec.rpc)  # probed first: llama.cpp aborts on a server it cannot reach
+            # probed first (llama.cpp aborts on a server it cannot reach), within the RPC timeout where it is shorter
+            self._rpc_devices, _ = rpc.model_devices(spec.rpc, min(rpc.PROBE_TIMEOUT, self._rpc_timeout))
             self._rpc = spec.rpc
             mparams.devices = ctypes.cast(self._rpc_devices, ctypes.c_void_p)
             ngl = -1 if ngl == 0 else ngl
