@@ -90,3 +90,31 @@ def test_route_fields_keep_their_apis_wording():
     with pytest.raises(schema.APIError, match=r"^max_output_tokens must be in \[1, 1048576\], got 0$") as e:
         parse_responses({"input": "hi", "max_output_tokens": 0}, ResponseStore())
     assert e.value.param == "max_output_tokens"
+
+
+@pytest.mark.parametrize("raw, param, message", [
+    (b'{"temperature": 1e309}', "temperature", "temperature must be a finite number, got 1e309 (outside the range of a double)"),
+    (b'{"options": {"seed": -1e309}}', "options.seed", "options.seed must be a finite number, got -1e309 (outside the range of a double)"),
+    (b'{"messages": [{"x": NaN}]}', "messages[0].x", "messages[0].x must be a finite number, got NaN"),
+    (b'{"zz": -Infinity}', "zz", "zz must be a finite number, got -Infinity"),  # a key not read: still a 400
+    (b'{"seed": ' + b"9" * 5000 + b"}", "seed", "seed must be a finite number, got an integer of 5000 digits"),
+])
+def test_numbers_a_double_cannot_hold_are_a_400_naming_their_path(raw, param, message):
+    """Python's json reads 1e309 as inf (and an integer of thousands of digits not at all): named where it is."""
+    with pytest.raises(schema.APIError) as e:
+        schema.parse_json(raw)
+    assert (e.value.status, e.value.param, e.value.message) == (400, param, message)
+    assert schema.parse_json(b'{"t": 1e308, "n": -1e-400}') == {"t": 1e308, "n": -0.0}  # finite (an underflow is 0)
+
+
+def test_numbers_out_of_range_on_the_completions_routes():
+    req = schema.parse_completion({"prompt": "hi", "top_logprobs": 3})  # chat's field: checked, then reported ignored
+    assert req.ignored == ("top_logprobs",) and req.logprobs is None
+    for extra, message in (({"top_logprobs": -1}, "top_logprobs must be in [0, 20], got -1"),
+                           ({"seed": -1e308}, "seed must be in [-1, 18446744073709551615], got -1e+308"),
+                           ({"max_tokens": 1e300}, "max_tokens must be in [1, 1048576], got 1e+300"),
+                           ({"typical_p": True}, "typical_p is not supported")):
+        with pytest.raises(schema.APIError) as e:
+            schema.parse_completion({"prompt": "hi", **extra})
+        assert (e.value.param, e.value.message) == (next(iter(extra)), message)
+    assert schema.parse_chat({"messages": MSG, "logprobs": True, "top_logprobs": 2}).ignored == ()
