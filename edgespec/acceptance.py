@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling import sample, sample_at
+from .sampling import Probs, sample, sample_at
+
 
 
 @dataclass(frozen=True)
@@ -60,29 +61,39 @@ class Verdict:
     chances: tuple[float, ...] = ()
 
 
-def _prob(row: np.ndarray, token: int) -> float:
+def _prob(row: np.ndarray | Probs, token: int) -> float:
     """row[token], or 0 for an id past the end of the row (a padded vocabulary)."""
+    if isinstance(row, Probs):
+        return row.prob(token)
     return float(row[token]) if token < row.shape[0] else 0.0
 
 
-def residual(p_row: np.ndarray, q_row: np.ndarray | None, draft_token: int) -> np.ndarray:
+def residual(p_row: np.ndarray | Probs, q_row: np.ndarray | Probs | None, draft_token: int) -> np.ndarray | Probs:
     """max(0, p - q) over p's vocabulary (unnormalised), with q padded by zeros or truncated to len(p);
-    q_row None means q is one-hot at draft_token."""
+    q_row None means q is one-hot at draft_token. A Probs p gives a Probs (on p's support: nowhere else can
+    p - q be positive)."""
+    if isinstance(p_row, Probs):
+        return p_row.minus(q_row, draft_token)
     r = np.array(p_row, dtype=np.float64)
     if q_row is None:
         if draft_token < r.shape[0]:
             r[draft_token] = 0.0  # max(0, p(d) - 1) = 0
         return r
-    n = min(r.shape[0], q_row.shape[0])
-    r[:n] -= q_row[:n]
+    q = np.asarray(q_row, dtype=np.float64)
+    n = min(r.shape[0], q.shape[0])
+    r[:n] -= q[:n]
     np.maximum(r, 0.0, out=r)
     return r
 
 
+def _positive(r: np.ndarray | Probs) -> bool:
+    return r.total > 0.0 if isinstance(r, Probs) else bool(r.any())
+
+
 def accept_sampled(
     draft_tokens: Sequence[int],
-    q: Sequence[np.ndarray | None],
-    p: np.ndarray,
+    q: Sequence[np.ndarray | Probs | None],
+    p: Sequence[np.ndarray | Probs] | np.ndarray,
     rng: np.random.Generator,
 ) -> Verdict:
     """Verify k drafted tokens by exact speculative sampling (see the module docstring).
@@ -100,18 +111,23 @@ def accept_sampled(
         d_i = int(draft_tokens[i])
         if d_i < 0:
             raise ValueError(f"draft token {d_i} is negative")
-        p_i = np.asarray(p[i])
-        q_i = None if q[i] is None else np.asarray(q[i])
+        p_i = _row(p[i])
+        q_raw = q[i]
+        q_i = None if q_raw is None else _row(q_raw)
         u = rng.random()
         p_d = _prob(p_i, d_i)
         q_d = 1.0 if q_i is None else _prob(q_i, d_i)
         if q_d > 0.0 and u * q_d < p_d:  # u < p/q: accepted with probability min(1, p/q)
             continue
         r = residual(p_i, q_i, d_i)
-        if not r.any():  # p <= q everywhere: rejection had probability 0; sample the target instead
+        if not _positive(r):  # p <= q everywhere: rejection had probability 0; sample the target instead
             r = p_i
         return Verdict(n_accepted=i, token=sample(r, rng), bonus=False)
-    return Verdict(n_accepted=k, token=sample(np.asarray(p[k]), rng), bonus=True)
+    return Verdict(n_accepted=k, token=sample(_row(p[k]), rng), bonus=True)
+
+
+def _row(r: np.ndarray | Probs) -> np.ndarray | Probs:
+    return r if isinstance(r, Probs) else np.asarray(r)
 
 
 def accept_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> Verdict:
@@ -126,7 +142,7 @@ def accept_greedy(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> 
     return Verdict(n_accepted=n, token=int(target_tokens[n]), bonus=n == k)
 
 
-def accept_coupled(draft_tokens: Sequence[int], p: np.ndarray, uniforms: Sequence[float]) -> Verdict:
+def accept_coupled(draft_tokens: Sequence[int], p: Sequence[np.ndarray | Probs] | np.ndarray, uniforms: Sequence[float]) -> Verdict:
     """Verification with common random numbers (seeded generations). uniforms[i] is the uniform fixed for the
     position of draft token i (the draft sampled its candidate there with the same number). The target's token at
     position i is x_i = sample_at(p_i, uniforms[i]); the longest prefix with d_i == x_i is kept and the next token is
@@ -141,20 +157,24 @@ def accept_coupled(draft_tokens: Sequence[int], p: np.ndarray, uniforms: Sequenc
     if len(p) != k + 1 or len(uniforms) < k + 1:
         raise ValueError(f"need k+1 = {k + 1} target rows and uniforms, got {len(p)} and {len(uniforms)}")
     for i in range(k + 1):
-        x = sample_at(np.asarray(p[i]), float(uniforms[i]))
+        x = sample_at(_row(p[i]), float(uniforms[i]))
         if i == k or int(draft_tokens[i]) != x:
             return Verdict(n_accepted=i, token=x, bonus=i == k)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def expected_acceptance(p_row: np.ndarray, q_row: np.ndarray | None, draft_token: int | None = None) -> float:
+def expected_acceptance(p_row: np.ndarray | Probs, q_row: np.ndarray | Probs | None, draft_token: int | None = None) -> float:
     """The probability that one drafted token is accepted: sum_t min(p(t), q(t)) (rows padded with zeros to a
     common length); for a deterministic proposal (q_row None) it is p(draft_token)."""
-    p_row = np.asarray(p_row, dtype=np.float64)
     if q_row is None:
         if draft_token is None:
             raise ValueError("a deterministic proposal (q_row None) needs its draft_token")
-        return _prob(p_row, int(draft_token))
+        return _prob(_row(p_row), int(draft_token))
+    if isinstance(p_row, Probs):
+        return p_row.overlap(q_row)
+    if isinstance(q_row, Probs):
+        return q_row.overlap(p_row)
+    p_row = np.asarray(p_row, dtype=np.float64)
     q_row = np.asarray(q_row, dtype=np.float64)
     n = min(p_row.shape[0], q_row.shape[0])
     return float(np.minimum(p_row[:n], q_row[:n]).sum())

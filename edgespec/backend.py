@@ -46,6 +46,8 @@ from .llama import C  # after the pure imports on purpose: loading the library c
 
 _LOG_CB = None
 _LOCAL_CALL = contextlib.nullcontext()  # reusable: what Model._remote gives a local model's calls
+RPC_SLOW_FACTOR = 4.0  # an RPC decode of n tokens may take the timeout plus this many times n x the recent slowest per token
+RPC_RECENT = 64  # decodes that allowance looks back on
 _INIT_LOCK = threading.Lock()
 # tokens that text parsed with parse_special becomes (llama.cpp matches control and unknown ones only then; unused
 # ones too, to be safe): what a message content must never turn into
@@ -272,6 +274,7 @@ class Model:
         ngl = spec.n_gpu_layers
         self._rpc: tuple[str, ...] = ()
         self._rpc_timeout = 0.0  # seconds a call to the RPC servers may take (rpc.WATCHDOG), read once at load
+        self._rpc_token_seconds: list[float] = []  # an RPC model's recent decodes: seconds per token (the decode's allowance)
         if spec.rpc:  # the layers go to the RPC servers' devices (then this machine's GPUs): rpc.py
             self._rpc_timeout = rpc.timeout()  # a bad EDGESPEC_RPC_TIMEOUT: one ConfigError now, before anything is held
             # probed first (llama.cpp aborts on a server it cannot reach), within the RPC timeout where it is shorter
@@ -367,6 +370,7 @@ class Model:
         self._infill_vocab: InfillVocab | None = None
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self._n_decoded = 0  # tokens pushed through llama_decode since load, all slots (n_decoded)
+        self._decode_seconds = 0.0  # seconds inside llama_decode since load, all slots (decode_seconds)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self._slots: list[Model] = [self]
 
@@ -393,6 +397,12 @@ class Model:
     @n_decoded.setter
     def n_decoded(self, n: int) -> None:
         self._primary._n_decoded = n
+
+    @property
+    def decode_seconds(self) -> float:
+        """Seconds spent inside llama_decode since load, in every slot of the context: what a generation's wall time
+        less this is the engine's own (host) work."""
+        return float(self._primary.__dict__.get("_decode_seconds", 0.0))
 
     @property
     def slot_index(self) -> int:
@@ -459,10 +469,16 @@ class Model:
         if t != p._threads_now:
             C.llama_set_n_threads(self._ctx, t, t)
             p._threads_now = t
-        with self._remote("a decode"):
+        t0 = time.perf_counter()
+        with self._remote("a decode", self._rpc_decode_seconds(n)):
+            started = time.perf_counter()
             rc = int(C.llama_decode(self._ctx, batch))
             if self._rpc:  # llama_decode only queues an RPC model's work (ggml-rpc's own thread sends it): its answer is
                 C.llama_synchronize(self._ctx)  # waited for here, under the watchdog, not in llama_get_logits_ith (unwatched)
+                recent = p._rpc_token_seconds
+                recent.append((time.perf_counter() - started) / max(1, n))
+                del recent[:-RPC_RECENT]
+        p._decode_seconds += time.perf_counter() - t0
         if tuner is not None and rc == 0:
             tuner.observe(t, n, time.perf_counter() - now, now)
         return rc
@@ -477,6 +493,14 @@ class Model:
             raise ConfigError(f"tensor_split has {len(spec.tensor_split)} shares but the model has {devices} device(s) to split over: {where}")
         n = int(C.llama_max_devices())
         return (ctypes.c_float * n)(*spec.tensor_split, *([0.0] * (n - len(spec.tensor_split))))
+
+    def _rpc_decode_seconds(self, n: int) -> float | None:
+        """The watchdog's limit for an RPC model's decode of n tokens: EDGESPEC_RPC_TIMEOUT plus RPC_SLOW_FACTOR times
+        n x the slowest seconds per token of its last RPC_RECENT decodes (a large batch, or a busy server, is given
+        the time it needs; a stall still ends after the timeout plus that); None for a local model."""
+        if not self._rpc:
+            return None
+        return self._rpc_timeout + RPC_SLOW_FACTOR * n * max(self._primary._rpc_token_seconds, default=0.0)
 
     def _remote(self, what: str, seconds: float | None = None) -> Any:
         """A call that talks to this model's RPC servers: under rpc.WATCHDOG for `seconds` (default: the model's
@@ -912,7 +936,8 @@ class Model:
         self._live()
         with self._remote("saving a cache snapshot"):
             size = int(C.llama_state_seq_get_size(self._ctx, self._seq))
-            buf = (ctypes.c_uint8 * size)()
+        buf = (ctypes.c_uint8 * size)()
+        with self._remote("saving a cache snapshot", rpc.transfer_seconds(size, self._rpc_timeout) if self._rpc else None):
             got = int(C.llama_state_seq_get_data(self._ctx, buf, size, self._seq))
         if got <= 0:
             raise BackendError("llama.cpp could not save the cache state")
@@ -924,7 +949,7 @@ class Model:
         self._live()
         self.cached = []  # first: llama.cpp clears the sequence before it reads the snapshot
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        with self._remote("restoring a cache snapshot"):
+        with self._remote("restoring a cache snapshot", rpc.transfer_seconds(len(data), self._rpc_timeout) if self._rpc else None):
             ok = int(C.llama_state_seq_set_data(self._ctx, buf, len(data), self._seq)) > 0
         if not ok:
             C.llama_memory_seq_rm(self._mem, self._seq, 0, -1)

@@ -669,6 +669,7 @@ class Engine:
         )
         models = [m for m in (target, draft) if m is not None]
         decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in models}
+        llama_before = sum(m.decode_seconds for m in models)
         try:
             ended = False
             try:
@@ -695,6 +696,8 @@ class Engine:
                 stats.stop_reason = "stop"
             stats.n_generated = len(ids)
             stats.timings.waited = job.paused
+            stats.timings.llama = sum(m.decode_seconds for m in models) - llama_before
+            stats.timings.host = max(0.0, stats.wall - stats.timings.llama)
             if speculator is not None:
                 stats.controller = speculator.stats()
             self.learning.end_generation(speculator, kind, spec, cost)

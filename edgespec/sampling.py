@@ -27,12 +27,22 @@ verification, so the two paths sample from exactly the same p.
 `sample(probs, rng)` draws one id by inverse CDF with a single `rng.random()` (`sample_at(probs, u)` with a given
 u); `greedy` is the temperature-0 choice. All functions are pure: inputs are never modified. `PositionalUniforms`
 fixes the uniform of each position for seeded generations (see its docstring).
+
+`warp` above is the readable specification. The loop runs `warp_probs`, the same distribution computed candidates
+first, as a `Probs`: where a filter keeps few tokens (top-k, min-p, a top-p nucleus), only they are ever touched
+after one or two comparison passes over the row, and the distribution is their ids and weights (float64, the same
+arithmetic as `warp` on the same kept set); with no filter (temperature alone) the weights are one float32 pass of
+exp over the row. tests/test_sampling_fast.py checks it against `warp` on many random rows. A `Probs` answers
+p(t) from its normaliser (`prob`), is sampled by the same inverse CDF (`sample_at`: the support's weights in id
+order, so the same u picks the same token as on the dense row up to rounding), and becomes the dense row on demand
+(`np.asarray`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +51,7 @@ from .infill import InfillVocab, infill_filter
 
 _CUT_STEP = 1.0 / 64.0  # top-p: each candidate cut is this fraction of the previous one
 _SPARSE_MIN_SIZE = 4096  # sample: rows longer than this are checked for sparsity first
+_BLOCK = 1024  # sample: rows longer than _SPARSE_MIN_SIZE are searched block by block (block sums, then one block)
 
 
 def _as_logits(logits: np.ndarray) -> np.ndarray:
@@ -157,7 +168,7 @@ def _nucleus_size(p: np.ndarray, top_p: float) -> tuple[float, int]:
             top = np.sort(p)[::-1]
         else:
             top = np.sort(p[candidates])[::-1]
-        cum = np.cumsum(top)
+        cum = np.cumsum(top, dtype=np.float64)
         if cum[-1] >= top_p or top.size == size:
             n = min(int(np.searchsorted(cum, top_p, side="left")) + 1, top.size)
             return float(top[n - 1]), n
@@ -238,19 +249,22 @@ def warp(
     return probs
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+def sample(probs: "np.ndarray | Probs", rng: np.random.Generator) -> int:
     """Draw one token id t with probability probs[t] / sum(probs), by inverse CDF with exactly one
     rng.random() draw (see sample_at)."""
     return sample_at(probs, rng.random())
 
 
-def sample_at(probs: np.ndarray, u: float) -> int:
+def sample_at(probs: "np.ndarray | Probs", u: float) -> int:
     """The inverse CDF of probs / sum(probs) at u in [0, 1): the first id whose cumulative mass exceeds u * total.
 
     Never returns a zero-probability id: a zero adds exactly nothing to the cumulative sum, so the first
     cumulative value > u * total always belongs to a positive entry; a u that rounds onto the total goes to the
     last positive id.
     """
+    if isinstance(probs, Probs):  # its support's weights in id order: the same cumulative sums as the dense row
+        j = _inverse_cdf(probs.w, u, probs.blocks)
+        return j if probs.ids is None else int(probs.ids[j])
     probs = np.asarray(probs)
     if probs.ndim != 1:
         raise ValueError(f"probs must be 1-D, got shape {probs.shape}")
@@ -261,8 +275,46 @@ def sample_at(probs: np.ndarray, u: float) -> int:
         if 8 * n_positive < probs.size:  # a filtered row: cumulate only its support (same partial sums)
             support = np.flatnonzero(positive)
             values = probs[support]
+    i = _inverse_cdf(values, u)
+    return i if support is None else int(support[i])
+
+
+def _block_sums(values: np.ndarray) -> np.ndarray:
+    """The sums of values[0:B], values[B:2B], ... (B = _BLOCK; the last block may be short), as float64: each block
+    summed in its own dtype (numpy's pairwise sum, vectorised), then widened."""
+    n_full = values.size // _BLOCK * _BLOCK
+    sums = values[:n_full].reshape(-1, _BLOCK).sum(axis=1).astype(np.float64)
+    if n_full < values.size:
+        sums = np.append(sums, float(values[n_full:].sum(dtype=np.float64)))
+    return sums
+
+
+def _inverse_cdf(values: np.ndarray, u: float, blocks: np.ndarray | None = None) -> int:
+    """sample_at on a 1-D array of non-negative weights: the first index whose cumulative weight exceeds u * total.
+    A long row is searched in two steps, the same inverse CDF up to rounding: the block sums (`blocks`, computed here
+    when not given) find the block holding u * total, and only that block is cumulated (a full cumulative sum of 152k
+    entries costs ~10x more)."""
+    if values.ndim != 1:
+        raise ValueError(f"probs must be 1-D, got shape {values.shape}")
     if values.size == 0 or not (values.min() >= 0.0):
         raise ValueError("probs must be non-negative with a positive entry (and no NaN)")
+    if values.size > _SPARSE_MIN_SIZE:
+        starts = np.arange(0, values.size, _BLOCK)
+        block_cdf = (blocks if blocks is not None else _block_sums(values)).cumsum()
+        total = float(block_cdf[-1])
+        if not (0.0 < total < np.inf):
+            raise ValueError(f"probs must be finite with a positive entry, sum is {total}")
+        target = u * total
+        b = int(block_cdf.searchsorted(target, side="right"))
+        if b == block_cdf.size:  # rounded up onto the total: the last block with weight
+            b = int(np.flatnonzero(np.diff(block_cdf, prepend=0.0) > 0.0)[-1])
+        base = float(block_cdf[b - 1]) if b else 0.0
+        seg = values[starts[b] : starts[b] + _BLOCK]
+        cdf = seg.cumsum(dtype=np.float64)
+        j = int(cdf.searchsorted(target - base, side="right"))
+        if j == cdf.size:  # the block's own sum rounded below the target: its last positive entry
+            j = int(np.flatnonzero(seg > 0.0)[-1])
+        return int(starts[b]) + j
     cdf = values.cumsum(dtype=np.float64)
     total = float(cdf[-1])
     if not (0.0 < total < np.inf):
@@ -270,7 +322,224 @@ def sample_at(probs: np.ndarray, u: float) -> int:
     i = int(cdf.searchsorted(u * total, side="right"))
     if i == cdf.size:  # u * total rounded up onto the total: the last positive entry
         i = int(np.flatnonzero(values > 0.0)[-1])
-    return i if support is None else int(support[i])
+    return i
+
+
+class Probs:
+    """A distribution over the ids [0, n): id ids[j] has probability w[j] / total and every other id 0 (ascending ids,
+    w > 0 on the support after the filters); ids None: w covers every id (a dense row, float32 weights). What
+    `warp_probs` returns and the acceptance rules read: p(t) by `prob` (or `row[t]`), a sample by `sample_at`, the
+    dense float64 row by np.asarray(row). Immutable by convention: nothing writes into w after it is made."""
+
+    __slots__ = ("n", "ids", "w", "total", "blocks")
+
+    def __init__(self, n: int, ids: np.ndarray | None, w: np.ndarray, total: float | None = None) -> None:
+        self.n, self.ids, self.w = int(n), ids, w
+        # a long row's block sums: its normaliser, and the first step of every inverse-CDF search on it
+        self.blocks = _block_sums(w) if w.size > _SPARSE_MIN_SIZE else None
+        if total is not None:
+            self.total = float(total)
+        elif self.blocks is not None:
+            self.total = float(self.blocks.sum())
+        else:
+            self.total = float(w.sum(dtype=np.float64))
+
+    @classmethod
+    def dense_row(cls, probs: np.ndarray) -> "Probs":
+        """A Probs of a dense probability row (its non-zero entries as the support)."""
+        p = np.asarray(probs, dtype=np.float64)
+        ids = np.flatnonzero(p > 0.0)
+        return cls(p.size, ids, p[ids])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def prob(self, t: int) -> float:
+        """p(t): 0 for an id outside the support (or past n)."""
+        t = int(t)
+        if not 0 <= t < self.n:
+            return 0.0
+        if self.ids is None:
+            return float(self.w[t]) / self.total
+        j = int(self.ids.searchsorted(t))
+        return float(self.w[j]) / self.total if j < self.ids.size and int(self.ids[j]) == t else 0.0
+
+    def probs_of(self, ids: np.ndarray) -> np.ndarray:
+        """p at each of the (valid, ascending or not) ids, float64."""
+        ids = np.asarray(ids, dtype=np.intp)
+        if self.ids is None:
+            return self.w[ids].astype(np.float64) / self.total
+        j = np.minimum(self.ids.searchsorted(ids), self.ids.size - 1)
+        hit = self.ids[j] == ids
+        return np.where(hit, self.w[j], 0.0).astype(np.float64) / self.total
+
+    def __getitem__(self, t: Any) -> float:
+        return self.prob(t)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.zeros(self.n)
+        if self.ids is None:
+            out[:] = self.w
+            out /= self.total
+        else:
+            out[self.ids] = self.w
+            out[self.ids] /= self.total
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def top(self) -> int:
+        """The most likely id (ties: the lowest)."""
+        j = int(np.argmax(self.w))
+        return j if self.ids is None else int(self.ids[j])
+
+    def minus(self, q: "Probs | np.ndarray | None", d: int) -> "Probs":
+        """max(0, p - q) over p's ids, unnormalised (its total may be 0); q None: one-hot at d (p without d)."""
+        if q is None:
+            w = self.w.copy()
+            if self.ids is None:
+                if 0 <= d < self.n:
+                    w[d] = 0.0
+            else:
+                j = int(self.ids.searchsorted(d))
+                if j < self.ids.size and int(self.ids[j]) == d:
+                    w[j] = 0.0
+            return Probs(self.n, self.ids, w)
+        if isinstance(q, Probs) and self.ids is not None:  # only p's support can stay positive
+            r = self.w / self.total - q.probs_of(np.minimum(self.ids, q.n - 1)) * (self.ids < q.n)
+            np.maximum(r, 0.0, out=r)
+            return Probs(self.n, self.ids, r)
+        if isinstance(q, Probs) and q.ids is None and self.n == q.n:  # two dense rows: in their own dtype
+            r = self.w * (1.0 / self.total)
+            r -= q.w * (1.0 / q.total)
+            np.maximum(r, 0.0, out=r)
+            return Probs(self.n, None, r)
+        p = np.asarray(self, dtype=np.float64)
+        qd = np.asarray(q, dtype=np.float64)
+        m = min(p.size, qd.size)
+        p[:m] -= qd[:m]
+        np.maximum(p, 0.0, out=p)
+        return Probs(self.n, None, p)
+
+    def overlap(self, q: "Probs | np.ndarray") -> float:
+        """sum_t min(p(t), q(t)) (rows padded with zeros to a common length)."""
+        if self.ids is not None:
+            ids = self.ids[self.ids < len(q)]
+            qv = q.probs_of(ids) if isinstance(q, Probs) else np.asarray(q, dtype=np.float64)[ids]
+            return float(np.minimum(self.w[: ids.size] / self.total, qv).sum())
+        if isinstance(q, Probs) and q.ids is not None:
+            return q.overlap(self)
+        if isinstance(q, Probs) and self.n == q.n:  # two dense rows: in their own dtype
+            return float(np.minimum(self.w * (1.0 / self.total), q.w * (1.0 / q.total)).sum(dtype=np.float64))
+        p = np.asarray(self, dtype=np.float64)
+        qd = np.asarray(q, dtype=np.float64)
+        m = min(p.size, qd.size)
+        return float(np.minimum(p[:m], qd[:m]).sum())
+
+
+def _top_k_candidates(x: np.ndarray, k: int, x_max: float) -> np.ndarray:
+    """Ascending ids of exactly the k largest entries of x (ties at the boundary to the lower ids), as
+    top_k_indices, but selected among candidates: cut x into at least 4k blocks and take c = the k-th largest of
+    the blocks' maxima. At least k entries are >= c (each of those k blocks holds one), so {x >= c} holds every one
+    of the k largest and every tie at the k-th value, and the exact selection runs on it alone. Two passes over x
+    (the block maxima, one comparison) instead of a partition of the whole row."""
+    n = x.size
+    if 16 * k >= n:
+        return top_k_indices(x, k)
+    size = max(16, n // (4 * k))
+    n_full = n // size * size
+    maxima = x[:n_full].reshape(-1, size).max(axis=1)
+    if n_full < n:
+        maxima = np.concatenate([maxima, x[n_full:]])
+    c = np.partition(maxima, maxima.size - k)[maxima.size - k]
+    cand = np.flatnonzero(x >= c)
+    if 4 * cand.size > n:  # a flat row: no gain
+        return top_k_indices(x, k)
+    return cand[top_k_indices(x[cand], k)]
+
+
+_SMALL_KEPT = 4096  # a kept set this small is filtered after one sort of it (_warp_small)
+
+
+def _warp_small(xk: np.ndarray, ids: np.ndarray, x_max: float, params: SamplingParams, n_vocab: int) -> Probs:
+    """Steps 4-7 of warp on a small kept set K (logits xk of the ascending ids), with one sort of K by (p descending,
+    id ascending) instead of warp's masks: the top-p nucleus and the min-p survivors are both prefixes of that order
+    (warp keeps the lowest ids among ties at a cut, as this order does). The same float64 arithmetic as warp: w, the
+    normaliser summed in id order, the cumulative sums of the sorted p."""
+    w = _softmax_weights(xk, x_max, params.temperature)
+    n = w.size
+    if params.top_p >= 1.0 and params.min_p <= 0.0:
+        return Probs(n_vocab, ids, w)
+    order = np.lexsort((ids, -w))
+    test = w[order]
+    if params.top_p < 1.0:
+        test = test / w.sum()  # p over K, as warp normalises before top-p
+        cum = np.cumsum(test)
+        n = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, n)
+    if params.min_p > 0.0:
+        n = min(n, int(np.count_nonzero(test >= params.min_p * float(test[0]))))
+    if n == w.size:
+        return Probs(n_vocab, ids, w)
+    sel = np.sort(order[:n])
+    return Probs(n_vocab, ids[sel], w[sel])
+
+
+def warp_probs(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), infill_vocab: InfillVocab | None = None
+) -> Probs:
+    """`warp`'s distribution, computed candidates first, as a Probs (see the module docstring). With a filter that
+    keeps a subset, the arithmetic on the kept set is warp's own (float64, same order); a long float32 row that no
+    filter narrows has float32 weights exp(l / T) (or exp((l - max l) / T) where exp(l / T) could overflow) normalised
+    by the float64 sum of their block sums. Rows of at most 4,096 entries are computed in float64 throughout (what the
+    exact-law tests enumerate)."""
+    x = apply_penalties(logits, params, history)
+    n_vocab = x.size
+    if params.temperature == 0.0:
+        return Probs(n_vocab, np.array([_argmax(x)]), np.ones(1), 1.0)
+    x_max = float(x.max())
+    if not math.isfinite(x_max):  # NaN anywhere, +inf, or every logit -inf
+        raise ValueError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
+    if not math.isfinite(params.temperature):
+        raise ValueError(f"temperature must be finite, got {params.temperature}")
+    ids: np.ndarray | None = None
+    if 0 < params.top_k < n_vocab:
+        ids = _top_k_candidates(x, params.top_k, x_max)
+    elif params.top_p >= 1.0 and params.min_p > 0.0:
+        ids = _min_p_candidates(x, x_max, params)
+    if ids is not None and ids.size <= _SMALL_KEPT and not params.infill:
+        return _warp_small(x[ids], ids, x_max, params, n_vocab)
+    if ids is None and x.dtype == np.float32 and x.size > _SPARSE_MIN_SIZE and params.temperature >= 0.01 and not params.infill:
+        scale = 1.0 / params.temperature
+        if -10.0 <= x_max * scale <= 80.0:  # exp(l / T) neither overflows nor loses the max: no subtraction pass
+            w = np.multiply(x, np.float32(scale)) if scale != 1.0 else x
+            w = np.exp(w, out=w if w is not x else None)
+        else:
+            w = np.subtract(x, np.float32(x_max))
+            with np.errstate(over="ignore"):
+                w *= np.float32(scale)
+            np.exp(w, out=w)
+    else:
+        w = _softmax_weights(x if ids is None else x[ids], x_max, params.temperature)
+    keep: np.ndarray | None = None
+    test = w
+    if params.top_p < 1.0:
+        test = w / w.sum(dtype=np.float64)  # p over K, as warp normalises before top-p (and tests min-p on it)
+        keep = top_p_mask(test, params.top_p)
+    if params.min_p > 0.0:
+        survives = test >= params.min_p * float(test.max())
+        keep = survives if keep is None else keep & survives
+    if keep is not None and not keep.all():
+        sel = np.flatnonzero(keep)
+        w = w[sel].astype(np.float64)
+        ids = sel if ids is None else ids[sel]
+    out = Probs(n_vocab, ids, w)
+    if params.infill:
+        if infill_vocab is None:
+            raise ValueError("SamplingParams.infill needs the vocabulary (infill_vocab)")
+        return Probs.dense_row(infill_filter(np.asarray(out), infill_vocab))
+    return out
 
 
 class PositionalUniforms:
@@ -294,4 +563,7 @@ class PositionalUniforms:
         return float(block[i])
 
 
-__all__ = ["apply_penalties", "greedy", "sample", "sample_at", "PositionalUniforms", "top_k_indices", "top_p_mask", "warp"]
+__all__ = [
+    "apply_penalties", "greedy", "sample", "sample_at", "PositionalUniforms", "Probs", "top_k_indices", "top_p_mask", "warp",
+    "warp_probs",
+]

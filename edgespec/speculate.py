@@ -51,7 +51,7 @@ from .infill import InfillVocab
 from .speculators.guard import unguarded
 from .errors import ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
-from .sampling import PositionalUniforms, warp
+from .sampling import PositionalUniforms, Probs, warp, warp_probs
 from .speculators.base import Outcome, Proposal, Speculator
 from .stats import GenerationStats
 
@@ -152,7 +152,7 @@ class Step:
 
 def verify(
     draft: Sequence[int],
-    q: Sequence[np.ndarray | None],
+    q: Sequence[np.ndarray | Probs | None],
     logits: np.ndarray,
     history: list[int],
     sampling: SamplingParams,
@@ -195,14 +195,13 @@ def verify(
         if n_rows == k:  # d_{k-1} is impossible for the target: its row is never reached as a bonus row
             argmax.append(argmax[-1])
         return accept_greedy(draft, argmax)
-    rows = []
+    p: list[Probs] = []
     for i in range(n_rows):
-        rows.append(warp(logits[i], sampling, ctx, infill_vocab))
-        if i < k:
+        p.append(warp_probs(logits[i], sampling, ctx if sampling.uses_history else (), infill_vocab))
+        if i < k and sampling.uses_history:
             ctx.append(draft[i])
     if n_rows == k:
-        rows.append(rows[-1])
-    p = np.stack(rows)
+        p.append(p[-1])
     if stats is not None and k:
         _expected_acceptance(draft, q, p[:n_rows], stats)
     if isinstance(rng, PositionalUniforms):  # seeded: common random numbers, output = plain output
@@ -217,13 +216,13 @@ def verify(
     return replace(verdict, chances=tuple(expected_acceptance(p[i], q[i], draft[i]) for i in range(examined)))
 
 
-def _expected_acceptance(draft: Sequence[int], q: Sequence[np.ndarray | None], p: np.ndarray, stats: GenerationStats) -> None:
+def _expected_acceptance(draft: Sequence[int], q: Sequence[Any], p: Sequence[Probs], stats: GenerationStats) -> None:
     """Expected accepted count on these drafts for the exact rule (Π min(1, p/q)) and for match verification
     (accept d_i iff an independent target sample equals it: Π p(d))."""
     chain_exact = chain_match = 1.0
-    for i in range(min(len(draft), p.shape[0])):
+    for i in range(min(len(draft), len(p))):
         d = draft[i]
-        pd = float(p[i][d]) if d < p.shape[1] else 0.0
+        pd = p[i].prob(d)
         qi = q[i]
         qd = 1.0 if qi is None else (float(qi[d]) if d < len(qi) else 0.0)
         chain_exact *= min(1.0, pd / qd) if qd > 0 else 0.0
@@ -232,7 +231,7 @@ def _expected_acceptance(draft: Sequence[int], q: Sequence[np.ndarray | None], p
         stats.expected_match_accepted += chain_match
 
 
-def _cut_impossible(proposal: Proposal, budget: int, n_vocab: int) -> tuple[list[int], list[np.ndarray | None], int]:
+def _cut_impossible(proposal: Proposal, budget: int, n_vocab: int) -> tuple[list[int], list[np.ndarray | Probs | None], int]:
     """(draft, q, tokens to decode): the proposal capped at `budget`, and cut after its first id outside [0, n_vocab)
     (kept as a certain rejection but never decoded)."""
     draft = [int(t) for t in proposal.tokens[:budget]]
@@ -485,7 +484,7 @@ def _after_forced(forced: list[int], proposal: Proposal) -> Proposal:
             index[i] = tree.add(index[own.parents[i]], own.token(i), own.q(i))
         return Proposal(source=proposal.source, tree=tree, sampled_chances=proposal.sampled_chances)
     source = proposal.source if proposal.tokens else "grammar"
-    q: list[np.ndarray | None] = [None] * len(forced)
+    q: list[np.ndarray | Probs | None] = [None] * len(forced)
     return Proposal(forced + list(proposal.tokens), q + list(proposal.q), source, sampled_chances=proposal.sampled_chances)
 
 

@@ -15,7 +15,10 @@ from typing import Any
 @dataclass
 class Timings:
     """Seconds spent, split by where. `queue` is time waiting for the engine and `waited` time the generation stood
-    aside while other generations ran beside it (neither is part of wall)."""
+    aside while other generations ran beside it (neither is part of wall). `llama` is the time inside llama_decode
+    (both models, prefill included) and `host` the rest of wall: the engine's own work (sampling, acceptance,
+    drafting bookkeeping, detokenization, scheduling). With several generations in slots, `llama` counts every decode
+    made while this one ran, its neighbours' included."""
 
     queue: float = 0.0
     waited: float = 0.0
@@ -23,6 +26,8 @@ class Timings:
     draft: float = 0.0
     target: float = 0.0
     overhead: float = 0.0
+    llama: float = 0.0
+    host: float = 0.0
 
     def add(self, other: "Timings") -> None:
         for name in self.__dataclass_fields__:
@@ -109,6 +114,11 @@ class GenerationStats(_Ratios):
     def _decode_seconds(self) -> float:
         return self.decode_seconds
 
+    @property
+    def host_ms_per_token(self) -> float:
+        """Milliseconds of host work (wall less the time inside llama_decode) per generated token."""
+        return 1000.0 * self.timings.host / self.n_generated if self.n_generated else 0.0
+
     def record_cycle(self, n_drafted: int, n_accepted: int, n_emitted: int, source: str, t_draft: float, t_target: float) -> None:
         self.n_cycles += 1
         self.n_generated += n_emitted
@@ -148,6 +158,7 @@ class GenerationStats(_Ratios):
             "expected_match_accepted": round(self.expected_match_accepted, 3),
             "expected_exact_accepted": round(self.expected_exact_accepted, 3),
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "host_ms_per_token": round(self.host_ms_per_token, 4),
             "ttft": round(self.ttft, 4),
             "seconds": {**self.timings.as_dict(), "wall": round(self.wall, 4), "decode": round(self.decode_seconds, 4)},
             "stop_reason": self.stop_reason,
@@ -181,6 +192,11 @@ class Totals(_Ratios):
     def _decode_seconds(self) -> float:
         return self.decode_seconds
 
+    @property
+    def host_ms_per_token(self) -> float:
+        """Milliseconds of host work (wall less the time inside llama_decode) per generated token."""
+        return 1000.0 * self.timings.host / self.n_generated if self.n_generated else 0.0
+
     def add(self, s: GenerationStats) -> None:
         self.runs += 1
         self.interrupted += int(s.stop_reason == "cancelled")
@@ -213,6 +229,7 @@ class Totals(_Ratios):
             "drafted_by_pos": list(self.drafted_by_pos),
             "sources": dict(self.source_counts),
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "host_ms_per_token": round(self.host_ms_per_token, 4),
             "decode_seconds": round(self.decode_seconds, 4),
             "seconds": {**self.timings.as_dict(), "wall": round(self.wall, 4)},
         }
@@ -230,6 +247,8 @@ def summary_line(s: GenerationStats | Totals) -> str:
         parts.append(f"μ {s.mu:.2f}")
         parts.append(f"accepted {100 * s.acceptance:.0f}%")
     parts.append(f"draft {t.draft:.2f}s / target {t.target:.2f}s / overhead {t.overhead:.2f}s")
+    if t.llama or t.host:
+        parts.append(f"host {s.host_ms_per_token:.2f} ms/token")
     prompt = f"prompt {s.n_prompt} tok ({s.n_prefill} decoded in {t.prefill:.2f}s"
     parts.append(prompt + (f", {s.n_cached} cached)" if s.n_cached else ")"))
     if isinstance(s, GenerationStats):

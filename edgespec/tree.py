@@ -375,7 +375,7 @@ def accept_tree_with(tree: TokenTree, p_rows: PRows, draws: Draws) -> TreeVerdic
                 chosen = c
                 break
             # max(0, p' - q) = max(0, r - z q) / z; for a deterministic child: r with x removed
-            r = residual(r, None if q is None else z * np.asarray(q, dtype=np.float64), x)
+            r = np.asarray(residual(r, None if q is None else z * np.asarray(q, dtype=np.float64), x))
         if chosen is None:
             if not r.any():  # rejection had probability 0 (rounding or a q(x) = 0 claim): sample the row itself
                 r = np.asarray(row, dtype=np.float64)

@@ -52,7 +52,7 @@ from edgespec.acceptance import accept_coupled, accept_greedy, accept_sampled, e
 from edgespec.config import SamplingParams
 from edgespec.constraint import apply_mask
 from edgespec.sampling import greedy as greedy_token
-from edgespec.sampling import PositionalUniforms, sample, sample_at, warp
+from edgespec.sampling import PositionalUniforms, Probs, sample, sample_at, warp
 from edgespec.speculate import verify
 from edgespec.tree import (
     ROOT,
@@ -844,8 +844,8 @@ CHAIN_MUTANTS = {
     "accept u < p(d), q ignored": (mutant(accept_sampled, ("u * q_d < p_d", "u < p_d")), False),
     "ratio inverted (q/p)": (mutant(accept_sampled, ("u * q_d < p_d", "u * p_d < q_d")), False),
     "residual = p, not max(0, p - q)": (mutant(accept_sampled, ("r = residual(p_i, q_i, d_i)", "r = p_i")), False),
-    "residual q not subtracted": (mutant(accept_sampled, helpers=[(residual, [("r[:n] -= q_row[:n]", "pass")])]), False),
-    "bonus from the last drafted row": (mutant(accept_sampled, ("sample(np.asarray(p[k]), rng)", "sample(np.asarray(p[k - 1]), rng)")), False),
+    "residual q not subtracted": (mutant(accept_sampled, helpers=[(residual, [("r[:n] -= q[:n]", "pass")])]), False),
+    "bonus from the last drafted row": (mutant(accept_sampled, ("sample(_row(p[k]), rng)", "sample(_row(p[k - 1]), rng)")), False),
     "deterministic residual keeps d": (
         mutant(accept_sampled, helpers=[(residual, [("r[draft_token] = 0.0  # max(0, p(d) - 1) = 0", "pass")])]),
         True,
@@ -861,11 +861,65 @@ def test_planted_bug_in_the_chain_rule_fails(name: str) -> None:
     assert chain_distance(rule, deterministic) > BUG
 
 
+def on_probs(rule: Callable[..., Any], dense: bool = False, cls: type = Probs) -> Callable[..., Any]:
+    """`rule` given its p and q rows as sampling.Probs, what the loop passes (warp_probs): the support's ids and
+    weights (dense=False), or a whole row of weights (dense=True)."""
+
+    def conv(r: np.ndarray) -> Probs:
+        r = np.asarray(r, dtype=np.float64)
+        if dense:
+            return cls(r.size, None, r.copy())
+        ids = np.flatnonzero(r > 0)
+        return cls(r.size, ids, r[ids])
+
+    def run(draft: Any, q: Any, p: Any, rng: Any) -> Any:
+        return rule(draft, [None if r is None else conv(r) for r in q], [conv(r) for r in p], rng)
+
+    return run
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["support", "whole-row"])
+@pytest.mark.parametrize("V, k, pkind, qkind, mix, seed", CHAIN_CASES)
+def test_chain_rule_on_probs_rows_exact(V: int, k: int, pkind: str, qkind: str, mix: float, seed: int, dense: bool) -> None:
+    """The chain rule on the loop's row type (sampling.Probs, its residual and overlap): every draft d ~ q, every
+    cell, exact as on dense rows; deterministic drafts too."""
+    pM = Rows(V, seed, pkind)
+    qM = Rows(V, seed + 100, qkind, mix=(pM, mix) if mix else None)
+    law, problems, off = chain_law(pM, V, k, qM=qM, rule=on_probs(accept_sampled, dense))
+    assert_exact(law, problems, off)
+    law, problems, off = chain_law(pM, V, 2, drafts=[([1, 3], [None, None], 1.0)], rule=on_probs(accept_sampled, dense))
+    assert_exact(law, problems, off)
+
+
+def _probs_mutant(*edits: tuple[str, str]) -> type:
+    """A Probs whose residual (`minus`) carries a planted bug."""
+    bad = mutant(Probs.minus, *edits)
+    return type("BadProbs", (Probs,), {"minus": bad})
+
+
+PROBS_MUTANTS = {
+    "support residual: q not subtracted": (
+        ("r = self.w / self.total - q.probs_of(np.minimum(self.ids, q.n - 1)) * (self.ids < q.n)", "r = self.w / self.total"),
+        False, False,
+    ),
+    "whole-row residual: q not subtracted": (("r -= q.w * (1.0 / q.total)", "pass"), False, True),
+    "support residual keeps a deterministic d": (("w[j] = 0.0", "w[j] = w[j]"), True, False),
+    "whole-row residual keeps a deterministic d": (("w[d] = 0.0", "w[d] = w[d]"), True, True),
+}
+
+
+@pytest.mark.parametrize("name", list(PROBS_MUTANTS))
+def test_planted_bug_in_the_probs_residual_fails(name: str) -> None:
+    edit, deterministic, dense = PROBS_MUTANTS[name]
+    assert chain_distance(on_probs(accept_sampled, dense), deterministic) < TOL
+    assert chain_distance(on_probs(accept_sampled, dense, _probs_mutant(edit)), deterministic) > BUG
+
+
 @pytest.mark.parametrize(
     "name, edit",
     [
         ("one uniform for every position", ("float(uniforms[i])", "float(uniforms[0])")),
-        ("target sampled at 1 - u", ("sample_at(np.asarray(p[i]), float(uniforms[i]))", "sample_at(np.asarray(p[i]), 1.0 - float(uniforms[i]))")),
+        ("target sampled at 1 - u", ("sample_at(_row(p[i]), float(uniforms[i]))", "sample_at(_row(p[i]), 1.0 - float(uniforms[i]))")),
         ("kept on a mismatch", ("int(draft_tokens[i]) != x", "int(draft_tokens[i]) == x")),
     ],
 )
@@ -1000,7 +1054,7 @@ def test_planted_bug_in_sample_fails() -> None:
     """sample_at's inverse CDF not scaled by the row's total (residual rows are unnormalised)."""
     from edgespec import sampling
 
-    bad = mutant(sampling.sample_at, ("cdf.searchsorted(u * total", "cdf.searchsorted(u"))
+    bad = mutant(sampling._inverse_cdf, ("cdf.searchsorted(u * total", "cdf.searchsorted(u"))
     probs = np.array([0.6, 0.0, 0.9, 1.5])
     outs = [bad(probs, 0.5 * (lo + hi)) == t for t, lo, hi in cdf_cells(probs)]
     assert not all(outs)

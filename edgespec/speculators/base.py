@@ -22,6 +22,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from ..sampling import Probs
+
 from ..tree import TokenTree
 
 
@@ -32,7 +34,7 @@ class Proposal:
     `source` names the strategy that drafted them ("model", "ngram", ...); an empty proposal is a plain step."""
 
     tokens: list[int] = field(default_factory=list)
-    q: list[np.ndarray | None] = field(default_factory=list)
+    q: list[np.ndarray | Probs | None] = field(default_factory=list)  # a draft model's rows are Probs (warp_probs)
     source: str = "plain"
     tree: TokenTree | None = None
     sampled_chances: bool = False  # have the verify work out sum min(p, q) for sampled drafts (speculate.verify)
