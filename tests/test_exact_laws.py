@@ -976,7 +976,7 @@ def test_planted_bug_forced_drafts_kept_unverified_fails() -> None:
 
 
 TREE_MUTANTS = [
-    ("sibling residual not updated", ("r = residual(r, None if q is None", "_ = residual(r, None if q is None"), "det"),
+    ("sibling residual not updated", ("r = np.asarray(residual(r, None if q is None", "_ = np.asarray(residual(r, None if q is None"), "det"),
     ("sibling residual q not scaled by the normaliser", ("z * np.asarray(q, dtype=np.float64)", "np.asarray(q, dtype=np.float64)"), "iid"),
     ("ratio against the unnormalised residual", ("draws.accept(_prob(r, x), q_x * z)", "draws.accept(_prob(r, x), q_x)"), "det"),
     ("ratio against the unreduced row", ("draws.accept(_prob(r, x), q_x * z)", "draws.accept(_prob(row, x), q_x)"), "wor"),
