@@ -245,13 +245,22 @@ class Watchdog:
                 late = [c for c in self._calls.values() if c[0] <= now]
             if late:
                 _, limit, eps, what = late[0]
-                lost(f"RPC server {', '.join(eps)} did not answer within {limit:g} s ({what}): it stopped, stalled or "
+                lost(f"RPC server {', '.join(eps)} did not answer within {_seconds(limit)} s ({what}): it stopped, stalled or "
                      f"the network did; restart edgespec once it answers (`edgespec serve --rpc` reloads by itself; {TIMEOUT_ENV} "
                      "sets the limit; docs/rpc.md)")
 
 
+def _seconds(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")  # 2 (the timeout alone), 2.2 (a decode's allowance added), 145.3
+
+
 WATCHDOG = Watchdog()
 LOADING = "loading the model onto it"  # what backend.Model's load is watched as
+
+
+def transfer_seconds(nbytes: int, timeout_s: float) -> float:
+    """The watchdog's limit for a call that moves `nbytes` to or from the servers: `timeout_s` plus a second per 5 MB."""
+    return timeout_s + nbytes / 5e6
 
 
 def load_seconds(path: str | os.PathLike[str], timeout_s: float) -> float:
@@ -260,7 +269,7 @@ def load_seconds(path: str | os.PathLike[str], timeout_s: float) -> float:
         size = os.path.getsize(path)
     except OSError:
         size = 0
-    return timeout_s + size / 5e6
+    return transfer_seconds(size, timeout_s)
 
 
 # ------------------------------------------------------------------------------------------- the libraries
@@ -467,6 +476,6 @@ def device_names(devs: Sequence[int]) -> list[str]:
 
 
 __all__ = ["probe", "available", "timeout", "lost", "on_lost", "LOST_GRACE", "EXIT_ABORTED", "LOADING",
-           "WATCHDOG", "Watchdog", "load_seconds", "TIMEOUT_ENV", "DEFAULT_TIMEOUT",
+           "WATCHDOG", "Watchdog", "load_seconds", "transfer_seconds", "TIMEOUT_ENV", "DEFAULT_TIMEOUT",
            "EXIT_RPC_LOST", "local_gpu", "local_devices", "acquire", "release", "model_devices", "describe", "start_server", "PROBE_TIMEOUT",
            "DEFAULT_PORT", "PROTO_MAJOR", "PROTO_MINOR"]
