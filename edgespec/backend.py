@@ -703,6 +703,13 @@ class Model:
             raise BackendError(f"decode at position {start_pos} but the cache holds {self.n_past} tokens")
         return self._decode(list(tokens), start_pos, rows, None, None)
 
+    def decode_next(self, token: int) -> np.ndarray:
+        """Append one token at n_past and return the logits after it (float32, n_vocab) as a view of llama.cpp's own
+        buffer, not a copy: valid until this context's next decode (any slot's). For a caller that reads the row at
+        once (a draft model drafting token by token); everything else takes decode()'s copies."""
+        self._live()
+        return self._decode([int(token)], self.n_past, (0,), None, None, view=True)[0]
+
     def _decode(
         self,
         tokens: list[int],
@@ -710,6 +717,7 @@ class Model:
         rows: Sequence[int],
         should_stop: Callable[[], bool] | None,
         progress: Callable[[int, int], None] | None,
+        view: bool = False,
     ) -> np.ndarray:
         n = len(tokens)
         if n == 0:
@@ -718,11 +726,14 @@ class Model:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         if start_pos + n > self.n_ctx:
             raise ContextFullError(f"context full: {start_pos + n} tokens do not fit in n_ctx={self.n_ctx}")
-        want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in rows})
+        if len(rows) == 1 and -n <= rows[0] < n:  # the common case: one row (a plain step, a drafted token)
+            want = [rows[0] % n]
+        else:
+            want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in rows})
         order = {r: i for i, r in enumerate(want)}
-        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
-        toks = np.asarray(tokens, dtype=np.int64)
-        if toks.min() < 0 or toks.max() >= self.n_vocab:
+        view = view and len(want) == 1 and n <= self.n_batch
+        out = np.empty((0 if view else len(want), self.n_vocab), dtype=np.float32)
+        if min(tokens) < 0 or max(tokens) >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
         self._clean()
         for c0 in range(0, n, self.n_batch):
@@ -730,8 +741,8 @@ class Model:
                 raise StopRequested()
             c1 = min(n, c0 + self.n_batch)
             m = c1 - c0
-            self._tok[:m] = toks[c0:c1]
-            self._pos[:m] = np.arange(start_pos + c0, start_pos + c1, dtype=np.int32)
+            self._tok[:m] = tokens[c0:c1]
+            self._pos[:m] = np.arange(start_pos + c0, start_pos + c1, dtype=np.int32) if m > 1 else start_pos + c0
             self._want[:m] = 0
             self._use_seq(m)
             chunk_rows = [r for r in want if c0 <= r < c1]
@@ -744,7 +755,10 @@ class Model:
                 raise BackendError(f"llama_decode failed with code {rc}")
             for r in chunk_rows:
                 ptr = C.llama_get_logits_ith(self._ctx, r - c0)
-                out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                if view:
+                    out = np.ctypeslib.as_array(ptr, shape=(1, self.n_vocab))
+                else:
+                    out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
             self.cached += tokens[c0:c1]  # one list operation: the bookkeeping is never half done
             self.n_decoded += m
             if progress is not None:

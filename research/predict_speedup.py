@@ -50,7 +50,9 @@ probability (the draft's recorded rate; the lookup's p of its proposed token alo
 the draws, by dynamic programming over positions with acceptances independent.
 
 Curve files: {"verify": {"1": s, "2": s, ...}, "draft": s_per_token, optional "overhead": s_per_cycle,
-"draft_verify": {"1": s, ...}, "name": ...}. Also accepted: an `edgespec bench --json` report (its
+"draft_verify": {"1": s, ...}, "host": {"cycle": s, "row": s}, "name": ...}. "host" (or --host-cost CYCLE_MS,ROW_MS) is
+the engine's own work on that machine (bench/host_bench.py --fit): charged per cycle, and per logits row on top of
+every verified row and every drafted token (Curve.with_host). Also accepted: an `edgespec bench --json` report (its
 costs.calibration) and edgespec's calibration cache (the most recently used entry). `measure` writes one for any
 pair of GGUF files on this machine (CPU or GPU offload): verify sizes 1..64 by default, the draft's per-token cost
 and its curve up to 17 tokens (for catch-ups).
@@ -101,6 +103,25 @@ class Curve:
     # also charge the Python work the replay really does between model calls (this machine's wall clock: the loop,
     # the speculators, the acceptance math; the fakes' row building stands in for llama.cpp's logits copy)
     python_time: bool = False
+    # the engine's measured host work folded in (with_host): seconds per logits row it handles (a verify row, a
+    # drafted token), already added to verify and draft; the per-cycle part is in overhead
+    host_row: float = 0.0
+    host_cycle: float = 0.0
+
+    def with_host(self, cycle: float, row: float) -> "Curve":
+        """The curve with the engine's host work charged: `row` seconds per logits row (each target row verified and
+        each token drafted: warping, sampling, the acceptance math on it) and `cycle` seconds per cycle (the loop, the
+        controller, detokenization, the hand-off to the caller), as bench/host_bench.py measures them."""
+        from dataclasses import replace
+
+        if not (cycle >= 0 and row >= 0 and math.isfinite(cycle) and math.isfinite(row)):
+            raise ValueError(f"host costs must be finite and >= 0, got {cycle}, {row}")
+        dv = None if self.draft_verify is None else {n: s + row for n, s in self.draft_verify.items()}
+        return replace(
+            self, verify={n: s + n * row for n, s in self.verify.items()}, draft=self.draft + row, draft_verify=dv,
+            overhead=self.overhead + cycle, host_row=self.host_row + row, host_cycle=self.host_cycle + cycle,
+            name=f"{self.name} [host {1000 * cycle:.3f} ms/cycle + {1000 * row:.3f} ms/row]",
+        )
 
     def verify_factor(self, n: int, depth: int) -> float:
         return _depth_factor((self.depth_scale or {}).get("verify"), depth, n)
@@ -114,12 +135,13 @@ class Curve:
 
         if not (rel >= 0 and math.isfinite(rel)):
             raise ValueError(f"a draft's relative cost must be >= 0, got {rel}")
-        one = self.verify.get(1) or min(self.verify.values())
+        h = self.host_row  # the host's share of a row is not the model's: rel scales the model's time alone
+        one = (self.verify.get(1) or min(self.verify.values())) - h
         new = rel * one
         dv = None
-        if self.draft_verify is not None and self.draft > 0:
-            dv = {n: s * new / self.draft for n, s in self.draft_verify.items()} if new > 0 else None
-        return replace(self, draft=new, draft_verify=dv, name=f"{self.name} [draft {rel:g}x]")
+        if self.draft_verify is not None and self.draft - h > 0:
+            dv = {n: (s - h) * new / (self.draft - h) + h for n, s in self.draft_verify.items()} if new > 0 else None
+        return replace(self, draft=new + h, draft_verify=dv, name=f"{self.name} [draft {rel:g}x]")
 
     def describe(self) -> dict[str, Any]:
         one = self.verify.get(1) or min(self.verify.values())
@@ -133,6 +155,7 @@ class Curve:
             "draft_verify": None if self.draft_verify is None else {str(n): s for n, s in sorted(self.draft_verify.items())},
             "depth_scale": self.depth_scale,
             "python_time": self.python_time,
+            "host": {"cycle": self.host_cycle, "row": self.host_row},
         }
 
 
@@ -177,7 +200,7 @@ def load_curve(path: str | Path) -> Curve:
     if not isinstance(data, dict) or "verify" not in data:
         raise ValueError(f"{p}: expected {{\"verify\": {{n: seconds}}, \"draft\": seconds}}")
     dv = data.get("draft_verify")
-    return Curve(
+    curve = Curve(
         verify=_points(data["verify"]),
         draft=float(data.get("draft", 0.0)),
         overhead=float(data.get("overhead", 0.0)),
@@ -185,6 +208,10 @@ def load_curve(path: str | Path) -> Curve:
         name=str(data.get("name") or name),
         depth_scale=data.get("depth_scale"),
     )
+    host = data.get("host")  # {"cycle": s, "row": s}: the engine's host work measured on that machine
+    if isinstance(host, dict):
+        curve = curve.with_host(float(host.get("cycle", 0.0)), float(host.get("row", 0.0)))
+    return curve
 
 
 class Clock:
@@ -1364,6 +1391,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ngram-draft-max", type=int, default=None, help="most tokens an n-gram lookup drafts (default: SpecConfig's)")
     ap.add_argument("--fixed-k", action="store_true", help="always draft --draft-max (no adaptive controller, no gate)")
     ap.add_argument("--overhead", type=float, default=None, help="seconds of per-cycle overhead (overrides the curve file's)")
+    ap.add_argument("--host-cost", default=None, metavar="CYCLE_MS,ROW_MS",
+                    help="charge the engine's host work: milliseconds per cycle and per logits row (a verified row or a "
+                         "drafted token), as bench/host_bench.py --fit measures them; added to every curve and profile")
     ap.add_argument("--python-time", action="store_true",
                     help="also charge the Python work the replay really does (this machine's wall clock) on top of the modelled "
                          "model calls: the engine's own per-cycle and per-token costs outside llama.cpp (results then vary run to run)")
@@ -1411,6 +1441,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in costs:
             c.python_time = a.python_time
         scale = load_curve(a.depth_scale) if a.depth_scale else None
+        if a.host_cost is not None:
+            parts = [float(x) / 1000.0 for x in a.host_cost.split(",")]
+            if len(parts) != 2:
+                raise ValueError("--host-cost takes CYCLE_MS,ROW_MS")
+            costs = [c.with_host(*parts) for c in costs]
+            if a.profiles is not None:
+                profiles = [(name, c.with_host(*parts)) for name, c in profiles]
     except (OSError, ValueError, KeyError, TypeError, ConfigError) as e:
         print(f"predict_speedup: error: {e}", file=sys.stderr)
         return 2

@@ -222,7 +222,7 @@ class ModelSpeculator:
                     if not c.advance(d):  # pragma: no cover - d came from the masked row
                         break
                     advanced += 1
-                logits = self.model.decode([d], self.model.n_past, (0,))[0]
+                logits = self._next(d)
         finally:
             if c is not None:
                 c.rollback(advanced)
@@ -233,6 +233,13 @@ class ModelSpeculator:
             self._tree = (tree, len(prop.tokens), [len(a) for a in siblings])
             return Proposal(source=self.name, tree=tree, sampled_chances=prop.sampled_chances)
         return prop
+
+    def _next(self, d: int) -> np.ndarray:
+        """The draft's logits after d: a view of its buffer where the model lends one (read before its next decode)."""
+        step = getattr(self.model, "decode_next", None)
+        if step is not None:
+            return cast(np.ndarray, step(d))
+        return self.model.decode([d], self.model.n_past, (0,))[0]
 
     def _pick(
         self, logits: np.ndarray, history: list[int], rng: np.random.Generator | PositionalUniforms
