@@ -176,6 +176,7 @@ def _side_summary(t: Totals, spec: bool) -> dict[str, Any]:
         "tokens_per_second": round(t.tokens_per_second, 3),
         "prefill_seconds": round(t.timings.prefill, 4),
         "time_split": split,
+        "host_ms_per_token": round(t.host_ms_per_token, 4),  # wall less the time inside llama_decode, per token
     }
 
 

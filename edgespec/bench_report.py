@@ -87,13 +87,14 @@ def format_report(report: Mapping[str, Any], per_prompt: bool = True) -> str:
             f"{s['mu']:.2f}", _pct(s["acceptance"]),
             f"{_pct(ts['draft'])}/{_pct(ts['target'])}/{_pct(ts['overhead'])}",
             _pct(s["plain"]["time_split"]["overhead"]),
+            f"{s['plain'].get('host_ms_per_token', 0.0):.2f}/{s['spec'].get('host_ms_per_token', 0.0):.2f}",
             _sources(s["sources"]),
             f"{s['identical']}/{s['n_prompts']}" if s["identical"] is not None else "n/a",
         ])
     out.append(_table(
         ["suite", "n", "plain tok/s", "spec tok/s", "speedup", "geomean", "μ", "accept",
-         "spec draft/target/ovh", "plain ovh", "cycles by source", "identical"],
-        rows, [False] + [True] * 9 + [False, True],
+         "spec draft/target/ovh", "plain ovh", "host ms/tok plain/spec", "cycles by source", "identical"],
+        rows, [False] + [True] * 10 + [False, True],
     ))
     out.append("")
     width = max((len(s["acceptance_by_pos"]) for s in summaries), default=0)
