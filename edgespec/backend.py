@@ -694,14 +694,16 @@ class Model:
         return b"".join(self.token_bytes(t, special=special) for t in tokens).decode("utf-8", "replace")
 
     # ----------------------------------------------------------------- compute
-    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,), *, view: bool = False) -> np.ndarray:
         """Append `tokens` at positions start_pos.. and return float32 logits for the requested `rows` (indices into
         `tokens`, negative allowed), shape (len(rows), n_vocab). llama.cpp computes output only for those rows.
-        `start_pos` must equal `n_past` (call `truncate` first to rewrite history)."""
+        `start_pos` must equal `n_past` (call `truncate` first to rewrite history). view=True: where the rows come out
+        of one llama_decode in the order asked (ascending, within n_batch), they are a view of llama.cpp's own buffer,
+        valid until this context's next decode (any slot's), instead of a copy."""
         self._live()
         if start_pos != self.n_past:
             raise BackendError(f"decode at position {start_pos} but the cache holds {self.n_past} tokens")
-        return self._decode(list(tokens), start_pos, rows, None, None)
+        return self._decode(list(tokens), start_pos, rows, None, None, view=view)
 
     def decode_next(self, token: int) -> np.ndarray:
         """Append one token at n_past and return the logits after it (float32, n_vocab) as a view of llama.cpp's own
@@ -731,7 +733,7 @@ class Model:
         else:
             want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in rows})
         order = {r: i for i, r in enumerate(want)}
-        view = view and len(want) == 1 and n <= self.n_batch
+        view = view and n <= self.n_batch and list(rows) == want
         out = np.empty((0 if view else len(want), self.n_vocab), dtype=np.float32)
         if min(tokens) < 0 or max(tokens) >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
@@ -753,12 +755,11 @@ class Model:
             if rc != 0:
                 C.llama_memory_seq_rm(self._mem, self._seq, self.n_past, -1)  # drop whatever part of this call was stored
                 raise BackendError(f"llama_decode failed with code {rc}")
-            for r in chunk_rows:
+            if view and want:  # the outputs in batch order: exactly the rows asked, in their order
+                out = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(len(want), self.n_vocab))
+            for r in [] if view else chunk_rows:
                 ptr = C.llama_get_logits_ith(self._ctx, r - c0)
-                if view:
-                    out = np.ctypeslib.as_array(ptr, shape=(1, self.n_vocab))
-                else:
-                    out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
             self.cached += tokens[c0:c1]  # one list operation: the bookkeeping is never half done
             self.n_decoded += m
             if progress is not None:

@@ -817,7 +817,9 @@ class _Slots:
         for i in alone:
             self.last_rows.pop(getattr(requests[i].model, "slot_index", -1), None)
             try:
-                out[i] = requests[i].run()
+                # a lone decode's rows are read by its generation before any other decode of the target (the worker
+                # steps it at once): a view of llama.cpp's buffer; several run one after another: copies
+                out[i] = requests[i].run(view=len(requests) == 1)
             except Exception as e:
                 out[i] = e
         return out

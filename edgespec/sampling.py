@@ -439,25 +439,36 @@ class Probs:
         return float(np.minimum(p[:m], qd[:m]).sum())
 
 
-def _top_k_candidates(x: np.ndarray, k: int, x_max: float) -> np.ndarray:
-    """Ascending ids of exactly the k largest entries of x (ties at the boundary to the lower ids), as
-    top_k_indices, but selected among candidates: cut x into at least 4k blocks and take c = the k-th largest of
-    the blocks' maxima. At least k entries are >= c (each of those k blocks holds one), so {x >= c} holds every one
-    of the k largest and every tie at the k-th value, and the exact selection runs on it alone. Two passes over x
-    (the block maxima, one comparison) instead of a partition of the whole row."""
+def _top_k_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """(ascending ids of exactly the k largest entries of x, ties at the boundary to the lower ids, as top_k_indices;
+    max x), selected among candidates. View x as R rows of m columns (x[r * m + j]); column j's entries are a group.
+    Take c = the k-th largest of the groups' maxima: at least k entries are >= c (one in each of those k groups), so
+    {x >= c} holds every one of the k largest and every tie at the k-th value, and the exact selection runs on it
+    alone; only the columns whose maximum reaches c are searched. The column maxima are one vectorised pass (an
+    elementwise max down the rows), instead of a partition of the whole row."""
     n = x.size
-    if 16 * k >= n:
-        return top_k_indices(x, k)
-    size = max(16, n // (4 * k))
-    n_full = n // size * size
-    maxima = x[:n_full].reshape(-1, size).max(axis=1)
-    if n_full < n:
-        maxima = np.concatenate([maxima, x[n_full:]])
-    c = np.partition(maxima, maxima.size - k)[maxima.size - k]
-    cand = np.flatnonzero(x >= c)
+    if 64 * k >= n:
+        return top_k_indices(x, k), float(x.max())
+    rows = _TOP_K_ROWS
+    m = n // rows
+    grid = x[: rows * m].reshape(rows, m)
+    maxima = grid.max(axis=0)
+    tail = x[rows * m :]
+    every = np.concatenate([maxima, tail]) if tail.size else maxima
+    x_max = float(every.max())
+    c = np.partition(every, every.size - k)[every.size - k]
+    cols = np.flatnonzero(maxima >= c)
+    r, j = np.nonzero(grid[:, cols] >= c)
+    cand = r * m + cols[j]
+    if tail.size:
+        cand = np.concatenate([cand, rows * m + np.flatnonzero(tail >= c)])
     if 4 * cand.size > n:  # a flat row: no gain
-        return top_k_indices(x, k)
-    return cand[top_k_indices(x[cand], k)]
+        return top_k_indices(x, k), x_max
+    cand.sort()
+    return cand[top_k_indices(x[cand], k)], x_max
+
+
+_TOP_K_ROWS = 64  # _top_k_candidates: rows of the grid (n // 64 groups of 64 entries)
 
 
 _SMALL_KEPT = 4096  # a kept set this small is filtered after one sort of it (_warp_small)
@@ -498,14 +509,17 @@ def warp_probs(
     n_vocab = x.size
     if params.temperature == 0.0:
         return Probs(n_vocab, np.array([_argmax(x)]), np.ones(1), 1.0)
-    x_max = float(x.max())
+    ids: np.ndarray | None = None
+    if 0 < params.top_k < n_vocab and np.isfinite(params.temperature):
+        ids, x_max = _top_k_candidates(x, params.top_k)
+    else:
+        x_max = float(x.max())
     if not math.isfinite(x_max):  # NaN anywhere, +inf, or every logit -inf
         raise ValueError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
     if not math.isfinite(params.temperature):
         raise ValueError(f"temperature must be finite, got {params.temperature}")
-    ids: np.ndarray | None = None
-    if 0 < params.top_k < n_vocab:
-        ids = _top_k_candidates(x, params.top_k, x_max)
+    if ids is not None:
+        pass
     elif params.top_p >= 1.0 and params.min_p > 0.0:
         ids = _min_p_candidates(x, x_max, params)
     if ids is not None and ids.size <= _SMALL_KEPT and not params.infill:

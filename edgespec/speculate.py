@@ -284,9 +284,14 @@ class Verify:
     def n_rows(self) -> int:
         return len(self.tokens)
 
-    def run(self) -> np.ndarray:
+    def run(self, view: bool = False) -> np.ndarray:
+        """The decode, alone. view=True (a caller whose generation reads the rows before the model's next decode): a
+        chain's rows may be a view of llama.cpp's buffer (backend.Model.decode) rather than a copy."""
         if self.depths is None:
-            return self.model.decode(self.tokens, self.start_pos if self.start_pos is not None else self.model.n_past, self.rows)
+            pos = self.start_pos if self.start_pos is not None else self.model.n_past
+            if view:
+                return self.model.decode(self.tokens, pos, self.rows, view=True)
+            return self.model.decode(self.tokens, pos, self.rows)
         return self.model.decode_tree(self.tokens, self.depths, self.seq_ids)
 
 

@@ -63,6 +63,29 @@ def test_rows_subset_and_order(target):
     assert target.n_past == 20
 
 
+def test_views_of_the_logits_buffer_equal_the_copies(target):
+    """decode(view=True) and decode_next give llama.cpp's own buffer (no copy) with exactly the copies' values; rows
+    asked out of order, or a decode over several batches, still come back as copies; the next decode overwrites a
+    view (what its callers must know)."""
+    toks = _tokens(12, seed=4)
+    target.reset()
+    copy = target.decode(toks, 0, (3, 7, 11))
+    nxt = target.decode([5], 12, (0,))
+    target.reset()
+    view = target.decode(toks, 0, (3, 7, 11), view=True)
+    assert not view.flags.owndata and np.array_equal(view, copy)
+    row = target.decode_next(5)
+    assert not row.flags.owndata and np.array_equal(row, nxt[0])
+    target.reset()
+    unordered = target.decode(toks, 0, (7, 3), view=True)
+    assert unordered.flags.owndata and np.array_equal(unordered, copy[[1, 0]])
+    target.reset()
+    first = target.decode(toks[:6], 0, (5,), view=True)
+    kept = first.copy()
+    target.decode(toks[6:], 6, (5,))
+    assert not np.array_equal(first, kept)  # overwritten by the next decode
+
+
 def test_prefill_larger_than_batch_is_chunked(target):
     toks = _tokens(150, seed=3)  # n_batch is 64
     target.reset()
