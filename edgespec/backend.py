@@ -46,7 +46,7 @@ from .llama import C  # after the pure imports on purpose: loading the library c
 
 _LOG_CB = None
 _LOCAL_CALL = contextlib.nullcontext()  # reusable: what Model._remote gives a local model's calls
-RPC_SLOW_FACTOR = 4.0  # an RPC decode of n tokens may take the timeout plus this many times n x the recent slowest per token
+RPC_SLOW_FACTOR = 4.0  # an RPC decode of n tokens may take the timeout plus this many times n x the recent median per token
 RPC_RECENT = 64  # decodes that allowance looks back on
 _INIT_LOCK = threading.Lock()
 # tokens that text parsed with parse_special becomes (llama.cpp matches control and unknown ones only then; unused
@@ -496,11 +496,13 @@ class Model:
 
     def _rpc_decode_seconds(self, n: int) -> float | None:
         """The watchdog's limit for an RPC model's decode of n tokens: EDGESPEC_RPC_TIMEOUT plus RPC_SLOW_FACTOR times
-        n x the slowest seconds per token of its last RPC_RECENT decodes (a large batch, or a busy server, is given
-        the time it needs; a stall still ends after the timeout plus that); None for a local model."""
+        n x the median seconds per token of its last RPC_RECENT decodes (a large batch, or a busy server, is given the
+        time it needs; the median, not the slowest: one decode slowed by a busy moment does not delay the detection of
+        a stall for the next 64); None for a local model."""
         if not self._rpc:
             return None
-        return self._rpc_timeout + RPC_SLOW_FACTOR * n * max(self._primary._rpc_token_seconds, default=0.0)
+        recent = sorted(self._primary._rpc_token_seconds)
+        return self._rpc_timeout + RPC_SLOW_FACTOR * n * (recent[len(recent) // 2] if recent else 0.0)
 
     def _remote(self, what: str, seconds: float | None = None) -> Any:
         """A call that talks to this model's RPC servers: under rpc.WATCHDOG for `seconds` (default: the model's
