@@ -116,9 +116,16 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         # past Python's limit on the digits of an int read from text (4,300), int() fails: a number out of range
         return number(literal, int(literal)) if len(literal) <= _MAX_INT_DIGITS else number(literal, math.inf)
 
+    hooks: dict[str, Any] = {"parse_constant": lambda c: number(c, float(c)), "parse_float": lambda f: number(f, float(f))}
     try:
-        body = loads_json(text, "the request body", parse_constant=lambda c: number(c, float(c)),
-                          parse_float=lambda f: number(f, float(f)), parse_int=parse_int)
+        try:
+            body = loads_json(text, "the request body", **hooks)
+        except ValueError as e:
+            if isinstance(e, (json.JSONDecodeError, JSONDepthError)):
+                raise
+            # int() refused an integer of too many digits: read again with every int through parse_int (slower: only
+            # then, as bodies of token ids hold millions of ints)
+            body = loads_json(text, "the request body", parse_int=parse_int, **hooks)
     except JSONDepthError as e:
         raise bad(None, str(e), code="json_too_deep") from None
     except ValueError as e:  # json.JSONDecodeError is a ValueError
@@ -149,10 +156,13 @@ class _Outside(float):
         return out
 
     def shown(self) -> str:
+        if self.literal in ("NaN", "Infinity", "-Infinity"):
+            return self.literal
         digits = self.literal.lstrip("-")
-        if digits.isdigit() and len(digits) > 40:
+        if digits.isdigit():
             return f"an integer of {len(digits)} digits"
-        return f"{self.literal[:40]} (outside the range of a double)" if self.literal not in ("NaN", "Infinity", "-Infinity") else self.literal
+        text = self.literal if len(self.literal) <= 40 else f"a number written with {len(self.literal)} characters"
+        return f"{text} (outside the range of a double)"
 
 
 def _path_to(obj: Any, hit: Any) -> str | None:
