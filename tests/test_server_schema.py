@@ -118,3 +118,16 @@ def test_numbers_out_of_range_on_the_completions_routes():
             schema.parse_completion({"prompt": "hi", **extra})
         assert (e.value.param, e.value.message) == (next(iter(extra)), message)
     assert schema.parse_chat({"messages": MSG, "logprobs": True, "top_logprobs": 2}).ignored == ()
+
+
+def test_responses_numbers_and_parallel_tool_calls():
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+    req, _ = parse_responses({"input": "hi", "tools": tools, "parallel_tool_calls": False, "max_tool_calls": 2}, ResponseStore())
+    assert req.tool_choice == "auto" and req.ignored == ("max_tool_calls",)  # built-in tools' limit: checked, not read
+    for extra, param, message in (({"parallel_tool_calls": "no"}, "parallel_tool_calls", "parallel_tool_calls must be true or false, got string"),
+                                  ({"max_tool_calls": 0}, "max_tool_calls", "max_tool_calls must be in [1, 1048576], got 0"),
+                                  ({"top_logprobs": -1}, "top_logprobs", "top_logprobs must be in [0, 20], got -1"),
+                                  ({"top_logprobs": 2}, "top_logprobs", "top_logprobs is not supported")):
+        with pytest.raises(schema.APIError) as e:
+            parse_responses({"input": "hi", "tools": tools, **extra}, ResponseStore())
+        assert (e.value.param, e.value.message) == (param, message)
