@@ -127,7 +127,8 @@ def _header_timeout_protocol(seconds: float) -> Any:
 @click.option("--header-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
               help="Seconds a connection may take to send a request's headers; then it is closed.")
 @click.option("--stall-timeout", type=click.FloatRange(1, 86400), default=60.0, show_default=True, envvar=STALL_TIMEOUT_ENV,
-              help=f"Seconds a response may wait for its client to read it; then its generation is cancelled and the connection closed (env {STALL_TIMEOUT_ENV}).")
+              help="Seconds a response may wait for its client to read it; then its generation is cancelled and the connection "
+                   f"closed (env {STALL_TIMEOUT_ENV}).")
 @click.option("--client-share", type=click.FloatRange(0, 1), default=0.5, show_default=True, envvar=CLIENT_SHARE_ENV,
               help="Share of the queue one client (its bearer token, else its address) may hold: at most slots + "
                    f"ceil(share x max-queue) of its requests in flight, beyond that 429 (1 = no per-client limit; env {CLIENT_SHARE_ENV}).")

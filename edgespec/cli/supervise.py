@@ -7,8 +7,8 @@ inherited) and, when the child ends with that code, answers every request on the
 itself (503 `backend_lost`, `/health` included) while it probes the servers every PROBE_EVERY seconds; once they
 all answer, a new child loads the models and serves; a child whose load failed (exit 1) while a server does not
 answer a probe is a lost server too (it stalled or died before or while the child probed it). Any other end of the
-child (Ctrl-C, SIGTERM, a load that fails while the servers answer) ends this process with the child's exit code. Connections that arrive while the child starts wait in the
-socket's queue: the port never refuses them.
+child (Ctrl-C, SIGTERM, a load that fails while the servers answer) ends this process with the child's exit code.
+Connections that arrive while the child starts wait in the socket's queue: the port never refuses them.
 """
 
 from __future__ import annotations

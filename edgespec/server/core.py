@@ -486,5 +486,5 @@ async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tup
         raise api_error(e) from None
 
 
-__all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "Admission", "client_key", "BACKLOG", "server_state", "model_stem", "read_json",
-           "read_body", "JSON", "error_response", "send_json", "api_error", "request_spec", "prepare", "generate"]
+__all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "Admission", "client_key", "BACKLOG", "server_state",
+           "model_stem", "read_json", "read_body", "JSON", "error_response", "send_json", "api_error", "request_spec", "prepare", "generate"]
