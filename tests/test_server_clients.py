@@ -375,6 +375,74 @@ def test_agents_sdk_default_path(srv, reference):
     assert asyncio.run(streamed()) == result.final_output
 
 
+
+PARIS = '{"name": "get_weather", "arguments": {"city": "paris"}}'
+ROME = '{"name": "get_weather", "arguments": {"city": "rome"}}'
+
+
+@pytest.mark.parametrize("api,streamed", [("responses", False), ("responses", True), ("chat_completions", False)])
+def test_agents_sdk_runs_both_tool_calls_of_one_answer(srv, monkeypatch, api, streamed):
+    """Issue 44 (4): an agent whose model answers with two tool calls in one answer (the real pair's shape: two JSON
+    objects in one fenced block, tests/test_structured.py REAL_PAIR_TWO_WEATHER) has both function tools run by the
+    OpenAI Agents SDK, and the next turn carries both results. The tiny model is made to write the answers: each
+    request's tool constraint is replaced by a grammar of the next answer (as in test_structured_server.py), so the
+    server's own reading of the answer and the SDK's handling of it are what is tested."""
+    import agents  # openai-agents, a test dependency
+    from edgespec.constraint import Constraint
+    from edgespec.server import schema
+
+    final = "Both sunny."
+    answers = [f"```json\n{PARIS}\n{ROME}\n```", final]
+    monkeypatch.setattr(schema, "tool_constraint", lambda tools, choice, parallel=True: Constraint.grammar(
+        "start: " + json.dumps(answers.pop(0))))
+    histories: list[list[dict[str, Any]]] = []
+    real_history = schema.tool_history
+
+    def history(messages):  # what each request sent, as chat messages (the calls' arguments as objects)
+        out = real_history(messages)
+        histories.append(out)
+        return out
+
+    monkeypatch.setattr(schema, "tool_history", history)
+    ran: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    agents.set_tracing_disabled(True)
+    agents.set_default_openai_api(api)
+    settings = agents.ModelSettings(temperature=0, max_tokens=200)
+    agent = agents.Agent(name="w", instructions="be brief", model="tiny", tools=[get_weather], model_settings=settings)
+    try:
+        if streamed:
+            async def run() -> Any:
+                agents.set_default_openai_client(srv.aclient(), use_for_tracing=False)
+                r = agents.Runner.run_streamed(agent, "weather in paris and rome?")
+                async for _ in r.stream_events():
+                    pass
+                return r
+            result = asyncio.run(run())
+        else:
+            agents.set_default_openai_client(srv.aclient(), use_for_tracing=False)
+            result = agents.Runner.run_sync(agent, "weather in paris and rome?")
+    finally:
+        agents.set_default_openai_api("responses")
+    assert sorted(ran) == ["paris", "rome"], ran  # the SDK ran both calls
+    assert result.final_output == final and answers == []
+    kinds = [item.type for item in result.new_items]
+    assert kinds.count("tool_call_item") == 2 and kinds.count("tool_call_output_item") == 2, kinds
+    assert len(histories) == 2  # the second request carried both calls and both results
+    second = histories[1]
+    calls = [c for m in second if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    assert [c["function"]["arguments"] for c in calls] == [{"city": "paris"}, {"city": "rome"}], second
+    outputs = [m for m in second if m.get("role") == "tool"]
+    assert sorted(m["content"] for m in outputs) == ["sunny in paris", "sunny in rome"], second
+    assert {m["tool_call_id"] for m in outputs} == {c["id"] for c in calls} and len(outputs) == 2
+
+
 # --------------------------------------------------------------------------------------------- no silent surprises
 def test_ignored_parameters_are_reported(srv, caplog):
     with caplog.at_level("WARNING", logger="edgespec.server"):
