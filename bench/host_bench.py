@@ -187,13 +187,17 @@ def run_llama_cpp_python(target: str, prompts: list[str], args: argparse.Namespa
 
 # ------------------------------------------------------------------------------------------- instant fake models
 class InstantModel:
-    """A language model with no decode cost: the logits after a context are one of `rows` precomputed float32 rows,
-    picked by the context's last token and length (the same function in every instance, so a second instance used as
-    the draft proposes exactly the target's distribution). decode() returns views of those rows (stacked for a batch,
-    as llama.cpp's buffer is copied out); the interface is speculate.LanguageModel's."""
+    """A language model with no decode cost: the logits after a context of length n are precomputed float32 row
+    n mod R (the same function in every instance, so a second instance used as the draft proposes exactly the
+    target's distribution). decode() returns views of those rows, consecutive rows as one slice of the table (the
+    engine reads a lone verify's rows as a view of llama.cpp's logits buffer the same way, whose filling is part of
+    llama_decode, not of the loop); the interface is speculate.LanguageModel's."""
+
+    PAD = 64  # the table repeats its first rows after the last, so that up to PAD consecutive rows are one slice
 
     def __init__(self, table: np.ndarray, n_ctx: int = 1 << 16) -> None:
-        self.table = table
+        self.n_rows = table.shape[0]
+        self.table = np.concatenate([table, table[: self.PAD]])
         self.n_vocab = table.shape[1]
         self.n_ctx = n_ctx
         self.cached: list[int] = []
@@ -204,7 +208,7 @@ class InstantModel:
         return len(self.cached)
 
     def _row(self, n: int, last: int) -> np.ndarray:
-        return self.table[(last * 7 + n) % self.table.shape[0]]
+        return self.table[n % self.n_rows]
 
     def common_prefix(self, tokens: Any) -> int:
         n = 0
@@ -227,8 +231,9 @@ class InstantModel:
         self.n_decoded += len(tokens)
         n = len(tokens)
         want = [r % n for r in rows]
-        if len(want) == 1:
-            return self._row(base + want[0] + 1, int(tokens[want[0]]))[None, :]
+        first = (base + want[0] + 1) % self.n_rows
+        if want == list(range(want[0], want[0] + len(want))) and len(want) <= self.PAD:
+            return self.table[first : first + len(want)]
         return np.stack([self._row(base + r + 1, int(tokens[r])) for r in want])
 
     def truncate(self, n: int) -> None:

@@ -178,8 +178,9 @@ class Controller:
     def wants_chances(self) -> bool:
         """Should this cycle's sampled drafts have their acceptance chances worked out (Proposal.sampled_chances)? While
         position 1 holds less than `chances_below` decayed observations: there a few draws swing the estimates (a fresh
-        engine, a long plain stretch) and one pass over the vocabulary per position buys a noiseless observation."""
-        return self.estimator.evidence(1) < self.chances_below
+        engine, a long plain stretch) and one pass over the vocabulary per position buys a noiseless observation. Never
+        for a fixed k (not adaptive): no decision reads the estimates there."""
+        return self.spec.adaptive and self.estimator.evidence(1) < self.chances_below
 
     def _probe_affordable(self, behind: int | None) -> bool:
         if behind is None or self.probe_budget <= 0:

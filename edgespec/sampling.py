@@ -52,6 +52,7 @@ from .infill import InfillVocab, infill_filter
 _CUT_STEP = 1.0 / 64.0  # top-p: each candidate cut is this fraction of the previous one
 _SPARSE_MIN_SIZE = 4096  # sample: rows longer than this are checked for sparsity first
 _BLOCK = 1024  # sample: rows longer than _SPARSE_MIN_SIZE are searched block by block (block sums, then one block)
+_ONES32 = np.ones(_BLOCK, dtype=np.float32)
 
 
 def _as_logits(logits: np.ndarray) -> np.ndarray:
@@ -283,7 +284,10 @@ def _block_sums(values: np.ndarray) -> np.ndarray:
     """The sums of values[0:B], values[B:2B], ... (B = _BLOCK; the last block may be short), as float64: each block
     summed in its own dtype (numpy's pairwise sum, vectorised), then widened."""
     n_full = values.size // _BLOCK * _BLOCK
-    sums = values[:n_full].reshape(-1, _BLOCK).sum(axis=1).astype(np.float64)
+    if values.dtype == np.float32:  # a matrix-vector product (BLAS): ~4x faster than numpy's row-wise reduction
+        sums = (values[:n_full].reshape(-1, _BLOCK) @ _ONES32).astype(np.float64)
+    else:
+        sums = values[:n_full].reshape(-1, _BLOCK).sum(axis=1).astype(np.float64)
     if n_full < values.size:
         sums = np.append(sums, float(values[n_full:].sum(dtype=np.float64)))
     return sums
@@ -333,10 +337,12 @@ class Probs:
 
     __slots__ = ("n", "ids", "w", "total", "blocks")
 
-    def __init__(self, n: int, ids: np.ndarray | None, w: np.ndarray, total: float | None = None) -> None:
+    def __init__(
+        self, n: int, ids: np.ndarray | None, w: np.ndarray, total: float | None = None, blocks: np.ndarray | None = None
+    ) -> None:
         self.n, self.ids, self.w = int(n), ids, w
         # a long row's block sums: its normaliser, and the first step of every inverse-CDF search on it
-        self.blocks = _block_sums(w) if w.size > _SPARSE_MIN_SIZE else None
+        self.blocks = blocks if blocks is not None else _block_sums(w) if w.size > _SPARSE_MIN_SIZE else None
         if total is not None:
             self.total = float(total)
         elif self.blocks is not None:
@@ -497,6 +503,32 @@ def _warp_small(xk: np.ndarray, ids: np.ndarray, x_max: float, params: SamplingP
     return Probs(n_vocab, ids[sel], w[sel])
 
 
+_LOG2E = 1.0 / math.log(2.0)
+
+
+def _temperature_row(x: np.ndarray, temperature: float) -> Probs | None:
+    """A long float32 row under temperature alone, in three passes: float32 weights exp(l / T), as
+    exp2(l * (log2(e) / T)) (the float32 rounding of that product makes each weight's relative error at most ~5e-6
+    where |l / T| < 88), and their block sums.
+    None where that does not hold warp's distribution to float32 rounding, and the caller's general path (which
+    subtracts the maximum first, and names bad logits) takes over: a short or float64 row, T < 0.01, and any row
+    whose normaliser is not finite (exp(l / T) overflowed; NaN or +inf logits) or below 4.5e-5 (then the largest
+    weight could be tiny enough to lose precision; all logits -inf gives 0). With a normaliser in [4.5e-5, inf) the
+    largest weight is at least 4.5e-5 / V, so every entry within 65 / T of the largest logit is a normal float32 and
+    what falls below that weighs under e^-65 of the largest: the same arithmetic as exp((l - max l) / T) up to rounding,
+    without the pass that finds the maximum."""
+    if x.dtype != np.float32 or x.size <= _SPARSE_MIN_SIZE or not temperature >= 0.01 or not math.isfinite(temperature):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = np.multiply(x, np.float32(_LOG2E / temperature))
+        np.exp2(w, out=w)  # numpy's float32 exp2 is ~2x its exp
+        blocks = _block_sums(w)
+    total = float(blocks.sum())
+    if not 4.5e-5 <= total < math.inf:
+        return None
+    return Probs(x.size, None, w, total, blocks)
+
+
 def warp_probs(
     logits: np.ndarray, params: SamplingParams, history: Sequence[int] = (), infill_vocab: InfillVocab | None = None
 ) -> Probs:
@@ -510,6 +542,11 @@ def warp_probs(
     if params.temperature == 0.0:
         return Probs(n_vocab, np.array([_argmax(x)]), np.ones(1), 1.0)
     ids: np.ndarray | None = None
+    if params.top_k <= 0 or params.top_k >= n_vocab:
+        if params.top_p >= 1.0 and params.min_p <= 0.0 and not params.infill:
+            row = _temperature_row(x, params.temperature)
+            if row is not None:
+                return row
     if 0 < params.top_k < n_vocab and np.isfinite(params.temperature):
         ids, x_max = _top_k_candidates(x, params.top_k)
     else:

@@ -3,11 +3,12 @@ specification (sampling.warp, a full cumulative sum), on many random rows.
 
 What is compared, and how closely:
 - warp_probs(row) as a dense row equals warp(row): the same support exactly, probabilities within 1e-12 absolute
-  where a filter keeps a subset (the same float64 arithmetic on the same kept set), within 2e-6 relative to the largest
-  where temperature alone applies (float32 weights);
+  where a filter keeps a subset (the same float64 arithmetic on the same kept set), within 1e-5 relative (each entry)
+  where temperature alone applies (float32 weights exp2(l * log2(e) / T): the float32 product is the rounding);
 - Probs.prob(t), minus (the residual), overlap (sum min) equal the same operations on the dense rows;
 - sample_at on a Probs, and the blocked inverse CDF of a long dense row, pick the same id as the full float64
-  cumulative sum for 2,000 uniforms per row, except where u * total lies within 1e-9 of a boundary (rounding).
+  cumulative sum for 2,000 uniforms per row, except where u * total lies within 1e-8 of a boundary (rounding: a long
+  row's block sums are float32 sums).
 The acceptance rules themselves are proven on Probs rows by enumeration in tests/test_exact_laws.py style below.
 """
 
@@ -63,9 +64,9 @@ def test_warp_probs_is_warp(n_vocab, kw):
         fast = warp_probs(x, sp, history)
         got = np.asarray(fast)
         assert np.array_equal(np.flatnonzero(got), np.flatnonzero(ref)), "the support differs from warp's"
-        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6 * ref.max() if f32 else 1e-12)
+        np.testing.assert_allclose(got, ref, rtol=1e-5 if f32 else 0, atol=1e-12)
         for t in list(np.flatnonzero(ref)[:5]) + [int(np.argmax(ref)), 0, n_vocab - 1]:
-            assert fast.prob(t) == pytest.approx(float(ref[t]), abs=2e-6 * ref.max() if f32 else 1e-12)
+            assert fast.prob(t) == pytest.approx(float(ref[t]), rel=1e-5 if f32 else 0, abs=1e-12)
         assert fast.prob(n_vocab + 5) == 0.0
 
 
@@ -102,9 +103,9 @@ def test_sample_at_matches_the_full_inverse_cdf(kw):
             want = _reference_sample_at(dense, u)
             got = sample_at(fast, float(u))
             if got != want:  # only where u * total sits on a boundary, up to rounding
-                assert np.min(np.abs(cdf - u * cdf[-1])) < 1e-9
+                assert np.min(np.abs(cdf - u * cdf[-1])) < 1e-8
             assert dense[got] > 0
-            assert sample_at(dense, float(u)) == got or np.min(np.abs(cdf - u * cdf[-1])) < 1e-9
+            assert sample_at(dense, float(u)) == got or np.min(np.abs(cdf - u * cdf[-1])) < 1e-8
 
 
 def test_probs_residual_and_overlap_match_dense():
@@ -168,3 +169,31 @@ def test_probs_dense_row_round_trip():
     assert np.array_equal(np.asarray(pr), p)
     assert pr.prob(3) == 0.75 and pr.prob(2) == 0.0 and pr.top() == 3
     assert sample_at(pr, 0.1) == 1 and sample_at(pr, 0.5) == 3
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 2.0])
+def test_temperature_row_edges_take_the_general_path(temperature):
+    """Temperature alone on a long float32 row skips the pass for the maximum; rows whose weights exp(l / T) overflow
+    (logits up to 120), are all tiny (logits near -300), hold -inf or a lone finite entry match warp all the same, and
+    NaN / +inf / all -inf logits are the same ValueError as warp's. 151,936 entries, 4 shifted rows per case."""
+    sp = SamplingParams(temperature=temperature)
+    base = _rows(151_936, 4, seed=9)
+    for shift in (120.0, -300.0, 60.0, -60.0):
+        for x in base:
+            y = x + np.float32(shift)
+            ref = warp(y, sp)
+            got = np.asarray(warp_probs(y, sp))
+            assert np.array_equal(np.flatnonzero(got), np.flatnonzero(ref))
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-12)
+    lone = np.full(151_936, -np.inf, dtype=np.float32)
+    lone[77] = -500.0
+    assert np.asarray(warp_probs(lone, sp))[77] == 1.0
+    for bad in (np.nan, np.inf):
+        y = base[0].copy()
+        y[5] = bad
+        with pytest.raises(ValueError):
+            warp(y, sp)
+        with pytest.raises(ValueError):
+            warp_probs(y, sp)
+    with pytest.raises(ValueError):
+        warp_probs(np.full(151_936, -np.inf, dtype=np.float32), sp)
