@@ -87,7 +87,8 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> tuple[int, int, int]
             major, minor, patch = _recv(sock, size)[:3]
         except socket.timeout:
             raise BackendError(f"RPC server {endpoint} accepted the connection but did not answer within {timeout:g} s: a server "
-                               "serves one client at a time; is another client (another edgespec or llama.cpp) using it?") from None
+                               "serves one client at a time; is another client (another edgespec or llama.cpp) using it, or is the server "
+                               "stopped or stalled?") from None
         except (OSError, EOFError) as e:
             raise BackendError(f"RPC server {endpoint} closed the connection during the handshake ({getattr(e, 'strerror', None) or e}; "
                                f"not a llama.cpp RPC server of protocol {PROTO_MAJOR}.x?)") from None

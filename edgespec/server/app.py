@@ -8,8 +8,8 @@ translates its API's body into a request (schema.py) and calls the core (core.py
 engine; the route's writer (responses.GenerationResponse or a subclass) writes what the generation yields, as one
 JSON response or as a stream (sse.py). This module assembles them: the route table, /health, /metrics, the
 middleware and the error handlers. The server holds no llama.cpp state and no generation logic: the engine's worker
-thread owns both models, runs one generation at a time in FIFO order and keeps the KV cache across requests (a
-re-sent conversation decodes only its new tokens).
+thread owns both models, runs up to its slots' generations together (short requests first, the rest in order of
+arrival) and keeps the KV cache across requests (a re-sent conversation decodes only its new tokens).
 
 Each request holds its own `Generation` handle. A task watches the ASGI receive channel for `http.disconnect`
 (a client that closes its stream, drops the connection or times out) and cancels the handle at once: a running
