@@ -371,6 +371,7 @@ class Model:
         self.cached: list[int] = []  # the token ids the KV cache holds, in order (a prefix of llama.cpp's content)
         self._n_decoded = 0  # tokens pushed through llama_decode since load, all slots (n_decoded)
         self._decode_seconds = 0.0  # seconds inside llama_decode since load, all slots (decode_seconds)
+        self._views: dict[tuple[int | None, int], np.ndarray] = {}  # _logits_view: arrays over llama.cpp's logits buffer
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self._slots: list[Model] = [self]
 
@@ -473,8 +474,11 @@ class Model:
         with self._remote("a decode", self._rpc_decode_seconds(n)):
             started = time.perf_counter()
             rc = int(C.llama_decode(self._ctx, batch))
-            if self._rpc:  # llama_decode only queues an RPC model's work (ggml-rpc's own thread sends it): its answer is
-                C.llama_synchronize(self._ctx)  # waited for here, under the watchdog, not in llama_get_logits_ith (unwatched)
+            # llama_decode may return before its work is done (an RPC model's is sent by ggml-rpc's own thread; a GPU's
+            # runs on the device): wait for it here, where it is timed as the decode's (and, for RPC, watched), not in
+            # the first llama_get_logits* call (unwatched, and counted as the engine's own host work)
+            C.llama_synchronize(self._ctx)
+            if self._rpc:
                 recent = p._rpc_token_seconds
                 recent.append((time.perf_counter() - started) / max(1, n))
                 del recent[:-RPC_RECENT]
@@ -758,7 +762,7 @@ class Model:
                 C.llama_memory_seq_rm(self._mem, self._seq, self.n_past, -1)  # drop whatever part of this call was stored
                 raise BackendError(f"llama_decode failed with code {rc}")
             if view and want:  # the outputs in batch order: exactly the rows asked, in their order
-                out = np.ctypeslib.as_array(C.llama_get_logits(self._ctx), shape=(len(want), self.n_vocab))
+                out = self._primary._logits_view(len(want))
             for r in [] if view else chunk_rows:
                 ptr = C.llama_get_logits_ith(self._ctx, r - c0)
                 out[order[r]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -771,6 +775,20 @@ class Model:
         if list(rows) == want:
             return out
         return out[[order[r % n] for r in rows]]
+
+    def _logits_view(self, n_rows: int) -> np.ndarray:
+        """The first n_rows rows of this context's logits buffer (llama_get_logits) as a float32 array over that
+        memory: made once per (address, n_rows) and kept while llama.cpp keeps the buffer where it is (numpy's
+        ctypes conversion costs 10-70 us a call on a row of 151,936 entries; a dict lookup does not)."""
+        addr = ctypes.cast(C.llama_get_logits(self._ctx), ctypes.c_void_p).value
+        views = self._views
+        arr = views.get((addr, n_rows))
+        if arr is None:
+            if len(views) > 64 or any(a != addr for a, _ in views):
+                views.clear()  # the buffer moved (reallocated for more outputs): the old views point at freed memory
+            buf = (ctypes.c_float * (n_rows * self.n_vocab)).from_address(addr)
+            arr = views[(addr, n_rows)] = np.frombuffer(buf, dtype=np.float32).reshape(n_rows, self.n_vocab)
+        return arr
 
     def _clean(self) -> None:
         """Drop whatever llama.cpp holds past `cached` in this view's main sequence, and every tree sequence of the
@@ -998,6 +1016,7 @@ class Model:
                 C.llama_batch_free(self._batch)
                 self._batch = None
             if self._ctx is not None:
+                self.__dict__.get("_views", {}).clear()
                 C.llama_free(self._ctx)
                 self._ctx = None
             if self._model is not None:

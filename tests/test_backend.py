@@ -84,6 +84,20 @@ def test_views_of_the_logits_buffer_equal_the_copies(target):
     kept = first.copy()
     target.decode(toks[6:], 6, (5,))
     assert not np.array_equal(first, kept)  # overwritten by the next decode
+    # the arrays over the buffer are kept per (address, rows); a decode with more outputs than the buffer held
+    # (llama.cpp reallocates it) must not leave an array over freed memory: views stay equal to the copies
+    many = _tokens(60, seed=5)
+
+    def run(as_view: bool) -> list[np.ndarray]:
+        target.reset()
+        return [target.decode(many[:4], 0, (3,), view=as_view).copy(),
+                target.decode(many[4:60], 4, tuple(range(56)), view=as_view).copy(),
+                target.decode_next(5).copy() if as_view else target.decode([5], 60, (0,))[0],
+                target.decode(many[:2], 61, (0, 1), view=as_view).copy()]
+
+    copies = run(False)
+    for _ in range(2):
+        assert all(np.array_equal(a, b) for a, b in zip(run(True), copies))
 
 
 def test_prefill_larger_than_batch_is_chunked(target):
