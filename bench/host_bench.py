@@ -5,6 +5,7 @@ acceptance, drafting bookkeeping, detokenization, scheduling), side by side with
     .venv/bin/python bench/host_bench.py --real                 # the default pair through Engine.generate
     .venv/bin/python bench/host_bench.py --fake                 # the loop alone on instant fake models
     .venv/bin/python bench/host_bench.py --real --fake --json-out /tmp/host.json
+    .venv/bin/python bench/host_bench.py --fit /tmp/host.json   # host ms per cycle and per row (predict_speedup --host-cost)
 
 --real: the default pair, 2 threads, `--prompts` prompts x `--tokens` tokens per row, prefill included (a fresh
 prompt each time: the prompt cache is cleared). Host time = each generation's wall time less the seconds inside
@@ -16,7 +17,10 @@ sampler chain (llama.cpp's defaults, OpenAI's, greedy, with penalties).
 --fake: speculate() over instant numpy models (no decode cost at all: logits rows precomputed, a view per token)
 at 151,936 and 262,144 vocabulary entries: tokens per second of the loop itself, plain and with a draft of fixed
 k = 8 whose q equals the target's p (every draft accepted), greedy and sampled. At 3,000 tokens/s a GPU decoding
-300 tokens/s waits on Python at most 10% of the time.
+300 tokens/s waits on Python at most 10% of the time. --evict-mb N: each fake decode first reads N MiB (as a CPU
+decode streams the weights through the caches; its time is taken out), so the loop runs with the cold caches it meets
+after a real decode on this CPU. Beside it, llama.cpp's own C sampler chain on the same rows (the sampling of one
+token alone, its llama_token_data array filled from the row as common_sampler_sample does).
 """
 
 from __future__ import annotations
@@ -117,11 +121,13 @@ def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
         modes.append((f"model k={k}", "model", SpecConfig(draft_max=k, adaptive=False, draft_siblings=0)))
     if args.tree:
         modes.append(("suffix tree (8 nodes, width 3)", "suffix", SpecConfig(adaptive=False, tree_nodes=8, tree_width=3)))
+    if args.default:
+        modes.append(("default drafter", "auto", None))
     for label, drafter, spec in ([] if args.only_llama_cpp_python else modes):
         eng = Engine.load(
             ModelSpec(target, n_threads=args.threads),
-            ModelSpec(draft, n_threads=args.threads) if drafter == "model" else None,
-            drafter=drafter, spec=spec, calibrate_costs=False, memory=False, parallel=1,
+            ModelSpec(draft, n_threads=args.threads) if drafter in ("model", "auto") else None,
+            drafter=drafter, spec=spec, calibrate_costs=drafter == "auto", memory=False, parallel=1,
         )
         try:
             eng.generate(prompts[0], max_tokens=4, sampling=SamplingParams(temperature=0.0))  # warm up
@@ -129,7 +135,7 @@ def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if name not in args.settings:
                     continue
                 host = llama = 0.0
-                n = drafted = accepted = 0
+                n = drafted = accepted = cycles = 0
                 for i, prompt in enumerate(prompts):
                     eng.reset_caches()
                     sp = SamplingParams(**kw, seed=1234 + i if kw["temperature"] and args.seeded else None)
@@ -143,11 +149,14 @@ def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
                     n += s.n_generated
                     drafted += s.n_drafted
                     accepted += s.n_accepted
+                    cycles += s.n_cycles
                 row = dict(system="edgespec", mode=label, setting=name, tokens=n, host_ms_per_token=1000 * host / max(n, 1),
-                           llama_ms_per_token=1000 * llama / max(n, 1), acceptance=accepted / drafted if drafted else None)
+                           ms_per_token=1000 * (host + llama) / max(n, 1),
+                           llama_ms_per_token=1000 * llama / max(n, 1), acceptance=accepted / drafted if drafted else None,
+                           cycles=cycles, drafted=drafted, host_s=host)
                 rows.append(row)
                 print(f"  edgespec {label:<32} {name:<20} host {row['host_ms_per_token']:.3f} ms/token "
-                      f"(llama {row['llama_ms_per_token']:.1f} ms/token, {n} tokens"
+                      f"(llama {row['llama_ms_per_token']:.1f} ms/token, {1000 / row['ms_per_token']:.2f} tokens/s, {n} tokens"
                       + (f", acceptance {row['acceptance']:.2f})" if drafted else ")"), flush=True)
         finally:
             eng.close()
@@ -195,7 +204,10 @@ class InstantModel:
 
     PAD = 64  # the table repeats its first rows after the last, so that up to PAD consecutive rows are one slice
 
-    def __init__(self, table: np.ndarray, n_ctx: int = 1 << 16) -> None:
+    def __init__(self, table: np.ndarray, n_ctx: int = 1 << 16, evict: np.ndarray | None = None) -> None:
+        # evict: a buffer read through on every decode, as a CPU decode streams the weights through the caches (the
+        # seconds it takes are counted in evict_seconds, for the caller to take out)
+        self.evict, self.evict_seconds = evict, 0.0
         self.n_rows = table.shape[0]
         self.table = np.concatenate([table, table[: self.PAD]])
         self.n_vocab = table.shape[1]
@@ -219,13 +231,21 @@ class InstantModel:
         return n
 
     def sync(self, tokens: Any, rows: Any = (-1,), *, should_stop: Any = None, progress: Any = None) -> np.ndarray:
+        self._stream()
         tokens = list(tokens)
         keep = min(self.common_prefix(tokens), len(tokens) - 1)
         del self.cached[keep:]
         self.cached.extend(tokens[keep:])
         return self._row(len(self.cached), self.cached[-1])[None, :]
 
+    def _stream(self) -> None:
+        if self.evict is not None:
+            t0 = time.perf_counter()
+            self.evict.max()
+            self.evict_seconds += time.perf_counter() - t0
+
     def decode(self, tokens: Any, start_pos: int, rows: Any = (-1,)) -> np.ndarray:
+        self._stream()
         base = len(self.cached)
         self.cached.extend(int(t) for t in tokens)
         self.n_decoded += len(tokens)
@@ -266,6 +286,7 @@ def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     rows = []
     flat = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}
+    evict = np.ones(args.evict_mb << 18, dtype=np.float32) if args.evict_mb else None
     for n_vocab in args.vocab:
         table = fake_table(n_vocab)
         for name, kw, _ in SETTINGS:
@@ -275,11 +296,12 @@ def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
             for mode in ("plain", "k=8"):
                 best = None
                 for rep in range(args.repeats):
-                    target = InstantModel(table)
+                    target = InstantModel(table, evict=evict)
+                    draft = InstantModel(table, evict=evict)
                     spec = None
                     if mode != "plain":
                         cfg = SpecConfig(draft_max=8, adaptive=False, draft_siblings=0)
-                        spec = ModelSpeculator(InstantModel(table), sp, Controller(cfg, CostModel(flat, c_draft=0.01, frozen=True)))
+                        spec = ModelSpeculator(draft, sp, Controller(cfg, CostModel(flat, c_draft=0.01, frozen=True)))
                     stats = GenerationStats()
                     rng = np.random.default_rng(rep)
                     t0 = time.perf_counter() if not args.cpu_time else time.process_time()
@@ -287,13 +309,99 @@ def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for step in speculate(target, [1, 2, 3], sp, rng, max_tokens=args.fake_tokens, speculator=spec, stats=stats):
                         n += len(step.tokens)
                     dt = (time.perf_counter() if not args.cpu_time else time.process_time()) - t0
+                    dt -= target.evict_seconds + draft.evict_seconds
                     rate = n / dt
                     best = rate if best is None else max(best, rate)
                     acc = stats.acceptance if stats.n_drafted else None
-                row = dict(system="loop", vocab=n_vocab, setting=name, mode=mode, tokens_per_second=best, acceptance=acc)
+                row = dict(system="loop", vocab=n_vocab, setting=name, mode=mode, tokens_per_second=best, acceptance=acc,
+                           evict_mb=args.evict_mb)
                 rows.append(row)
                 print(f"  fake V={n_vocab:<7} {name:<20} {mode:<6} {best:8.0f} tokens/s"
+                      + (f" (caches evicted per decode: {args.evict_mb} MiB read)" if args.evict_mb else "")
                       + (f" (acceptance {acc:.2f})" if acc is not None else ""), flush=True)
+    return rows
+
+
+def fit_host(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The host work as research/predict_speedup.py charges it (Curve.with_host), fitted per sampling setting to the
+    real pair's edgespec rows: host seconds = cycles x CYCLE + logits rows x ROW, where a plain token is one cycle and
+    one row, and a draft-model cycle handles its verified rows (drafted + 1) and one row per drafted token. Least
+    squares over the plain and fixed-k rows (a tree's rows are left out), each term at least 0; milliseconds."""
+    out: dict[str, dict[str, float]] = {}
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        eqs = []
+        for r in rows:
+            if r.get("system") != "edgespec" or r["setting"] != setting or "cycles" not in r or "tree" in r["mode"]:
+                continue
+            handled = r["cycles"] + 2 * r["drafted"]
+            eqs.append((r["cycles"], handled, r["host_s"]))
+        if len(eqs) < 2:
+            continue
+        a = np.array([[c, h] for c, h, _ in eqs], dtype=float)
+        y = np.array([t for _, _, t in eqs], dtype=float)
+        (cycle, row), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if cycle < 0 or row < 0:  # one term alone explains it: fit the other at 0
+            only_row = float(a[:, 1] @ y / (a[:, 1] @ a[:, 1]))
+            only_cycle = float(a[:, 0] @ y / (a[:, 0] @ a[:, 0]))
+            cycle, row = (0.0, only_row) if cycle < 0 else (only_cycle, 0.0)
+        out[setting] = {"cycle_ms": 1000 * float(cycle), "row_ms": 1000 * float(row), "points": len(eqs)}
+        print(f"  fit {setting:<20} host {1000 * cycle:.3f} ms/cycle + {1000 * row:.3f} ms/row ({len(eqs)} rows)", flush=True)
+    return out
+
+
+def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """llama.cpp's own C sampler chain on the same fake rows: what sampling one token costs there (the chain
+    common/sampling.cpp builds, in its order: penalties, top-k, top-p, min-p, temperature, dist; greedy alone for
+    T = 0), including the fill of its llama_token_data array from the row, as common_sampler_sample does. Tokens
+    per second of that alone (no loop around it); the plain rows of the fake table are the loop's comparison."""
+    import ctypes
+
+    import llama_cpp as C
+
+    token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+    assert token_data.itemsize == ctypes.sizeof(C.llama_token_data)
+    rows = []
+    for n_vocab in args.vocab:
+        table = fake_table(n_vocab)
+        data = np.zeros(n_vocab, dtype=token_data)
+        ids = np.arange(n_vocab, dtype=np.int32)
+        arr = C.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), n_vocab, -1, False)
+        for name, kw, _ in SETTINGS:
+            if name not in args.settings:
+                continue
+            chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+            if kw["temperature"] == 0.0:
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+            else:
+                if kw.get("repeat_penalty"):
+                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
+                        n_vocab, kw["repeat_last_n"], kw["repeat_penalty"], kw["frequency_penalty"], kw["presence_penalty"]))
+                if kw.get("top_k"):
+                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(kw["top_k"]))
+                if kw.get("top_p", 1.0) < 1.0:
+                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(kw["top_p"], 1))
+                if kw.get("min_p", 0.0) > 0.0:
+                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(kw["min_p"], 1))
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(kw["temperature"]))
+                C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(1234))
+            try:
+                best = None
+                n = max(200, args.fake_tokens // 4)
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter() if not args.cpu_time else time.process_time()
+                    for i in range(n):
+                        data["id"] = ids
+                        data["logit"] = table[i % table.shape[0]]
+                        arr.data = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
+                        arr.size, arr.selected, arr.sorted = n_vocab, -1, False
+                        C.llama_sampler_apply(chain, ctypes.byref(arr))
+                        C.llama_sampler_accept(chain, int(data["id"][arr.selected]))
+                    dt = (time.perf_counter() if not args.cpu_time else time.process_time()) - t0
+                    best = n / dt if best is None else max(best, n / dt)
+            finally:
+                C.llama_sampler_free(chain)
+            rows.append(dict(system="llama.cpp C sampler", vocab=n_vocab, setting=name, tokens_per_second=best))
+            print(f"  C sampler V={n_vocab:<7} {name:<20} {best:8.0f} tokens/s (sampling alone)", flush=True)
     return rows
 
 
@@ -304,7 +412,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[8], help="fixed draft lengths (1,4,8,16)")
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",") if x and x != "none"], default=[8],
+                    help="fixed draft lengths (1,4,8,16; none: no fixed-k rows)")
+    ap.add_argument("--default", action="store_true",
+                    help="also the engine's default drafter (as `edgespec generate` runs it: the cached calibration)")
     ap.add_argument("--tree", action="store_true", help="also the suffix drafter's fixed tree")
     ap.add_argument("--no-llama-cpp-python", dest="llama_cpp_python", action="store_false")
     ap.add_argument("--settings", type=lambda s: s.split(","), default=[n for n, _, _ in SETTINGS])
@@ -314,17 +425,32 @@ def main() -> None:
     ap.add_argument("--seeded", action="store_true", help="seeded sampled generations (common random numbers) instead of fresh ones")
     ap.add_argument("--only-llama-cpp-python", action="store_true")
     ap.add_argument("--code", default=None, help="import edgespec from this checkout (a before/after pair)")
+    ap.add_argument("--evict-mb", type=int, default=0,
+                    help="fake: every decode reads a buffer of this many MiB (as a CPU decode streams its weights through "
+                         "the caches); its time is taken out: the loop's rate with cold caches")
+    ap.add_argument("--no-c-sampler", dest="c_sampler", action="store_false",
+                    help="fake: leave out llama.cpp's C sampler chain on the same rows")
     ap.add_argument("--cpu-time", action="store_true", help="fake: rates from this process's CPU time (a busy machine)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--fit", nargs="+", default=None, metavar="JSON",
+                    help="fit the host cost per cycle and per row (predict_speedup's --host-cost) to earlier --real "
+                         "outputs of this script (their edgespec rows together) and print it")
     args = ap.parse_args()
+    if args.fit:
+        rows = [r for path in args.fit for r in json.loads(Path(path).read_text()).get("real", [])]
+        fit_host(rows)
+        return
     if not (args.real or args.fake):
         ap.error("say --real, --fake or both")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {_machine()}")
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": _machine(), "argv": sys.argv[1:]}
     if args.fake:
         out["fake"] = run_fake(args)
+        if args.c_sampler:
+            out["c_sampler"] = run_c_sampler(args)
     if args.real:
         out["real"] = run_real(args)
+        out["fit"] = fit_host(out["real"])
     if args.json_out:
         tmp = args.json_out + ".tmp"
         with open(tmp, "w") as f:
