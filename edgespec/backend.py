@@ -786,8 +786,10 @@ class Model:
         if arr is None:
             if len(views) > 64 or any(a != addr for a, _ in views):
                 views.clear()  # the buffer moved (reallocated for more outputs): the old views point at freed memory
+            if not addr:
+                raise BackendError(f"{self.name}: llama.cpp returned no logits buffer")
             buf = (ctypes.c_float * (n_rows * self.n_vocab)).from_address(addr)
-            arr = views[(addr, n_rows)] = np.frombuffer(buf, dtype=np.float32).reshape(n_rows, self.n_vocab)
+            arr = views[(addr, n_rows)] = np.frombuffer(memoryview(buf), dtype=np.float32).reshape(n_rows, self.n_vocab)
         return arr
 
     def _clean(self) -> None:
