@@ -372,6 +372,9 @@ class Model:
         self._n_decoded = 0  # tokens pushed through llama_decode since load, all slots (n_decoded)
         self._decode_seconds = 0.0  # seconds inside llama_decode since load, all slots (decode_seconds)
         self._views: dict[tuple[int | None, int], np.ndarray] = {}  # _logits_view: arrays over llama.cpp's logits buffer
+        # every decode checks that its rows are finite (one pass over each row) unless the caller checks them itself
+        # while it samples them (the engine's loop: sampling.NonFiniteLogitsError, re-raised as this model's BackendError)
+        self.check_logits = True
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self._slots: list[Model] = [self]
 
@@ -770,7 +773,9 @@ class Model:
             self.n_decoded += m
             if progress is not None:
                 progress(c1, n)
-        if not np.isfinite(out.max(axis=1)).all():  # NaN propagates into the max; +inf is the max; all -inf too
+        # NaN propagates into the max; +inf is the max; all -inf too (skipped where the caller samples every row it reads,
+        # which checks the same: check_logits False)
+        if self._primary.check_logits and not np.isfinite(out.max(axis=1)).all():
             raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
         if list(rows) == want:
             return out
@@ -849,7 +854,7 @@ class Model:
             out.append(pt.view._finish(off, pt, plan))
             off += len(pt.tokens)
         for got in out:
-            if len(got) and not np.isfinite(got.max(axis=1)).all():
+            if len(got) and self._primary.check_logits and not np.isfinite(got.max(axis=1)).all():
                 raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
         return out
 

@@ -114,6 +114,11 @@ class Engine:
             raise ConfigError(f"memory_path must be a path, got {type(memory_path).__name__}")
         self.target = target
         self.draft = draft
+        # the loop samples every row it reads and that checks it (NaN / +inf: the model's BackendError), so the
+        # models skip their own pass over each row (one cold read of 151,936 floats a row, after a CPU decode)
+        for m in (target, draft):
+            if m is not None:
+                m.check_logits = False
         self.spec = spec or SpecConfig()
         self.drafter_kind = kind
         if kind.uses_tree and target.tree_paths < self.spec.tree_nodes:

@@ -55,6 +55,12 @@ _BLOCK = 1024  # sample: rows longer than _SPARSE_MIN_SIZE are searched block by
 _ONES32 = np.ones(_BLOCK, dtype=np.float32)
 
 
+class NonFiniteLogitsError(ValueError):
+    """A logits row holds NaN or +inf, or no finite value at all: nothing can be sampled from it. The loop reads every
+    row it uses through `greedy` or `warp_probs`/`warp`, which raise this, so a model's rows need no separate pass to
+    check them (speculate turns it into the BackendError of the model that produced the row)."""
+
+
 def _as_logits(logits: np.ndarray) -> np.ndarray:
     """A 1-D float32/float64 view of `logits` (other dtypes are converted to float64)."""
     x = np.asarray(logits)
@@ -105,7 +111,7 @@ def _argmax(x: np.ndarray) -> int:
     v = x[i]
     if not np.isfinite(v):
         # np.argmax returns the first NaN if there is one; +inf or all -inf are also unusable.
-        raise ValueError(f"logits must be finite or -inf with at least one finite value, got max {v}")
+        raise NonFiniteLogitsError(f"logits must be finite or -inf with at least one finite value, got max {v}")
     return i
 
 
@@ -206,7 +212,7 @@ def warp(
         return probs
     x_max = float(x.max())
     if not math.isfinite(x_max):  # NaN anywhere, +inf, or every logit -inf
-        raise ValueError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
+        raise NonFiniteLogitsError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
     if not math.isfinite(params.temperature):
         raise ValueError(f"temperature must be finite, got {params.temperature}")
 
@@ -552,7 +558,7 @@ def warp_probs(
     else:
         x_max = float(x.max())
     if not math.isfinite(x_max):  # NaN anywhere, +inf, or every logit -inf
-        raise ValueError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
+        raise NonFiniteLogitsError(f"logits must be finite or -inf with at least one finite value, got max {x_max}")
     if not math.isfinite(params.temperature):
         raise ValueError(f"temperature must be finite, got {params.temperature}")
     if ids is not None:

@@ -49,9 +49,9 @@ from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
 from .infill import InfillVocab
 from .speculators.guard import unguarded
-from .errors import ConfigError, ContextFullError, StopRequested
+from .errors import BackendError, ConfigError, ContextFullError, StopRequested
 from .sampling import greedy as greedy_token
-from .sampling import PositionalUniforms, Probs, warp, warp_probs
+from .sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp, warp_probs
 from .speculators.base import Outcome, Proposal, Speculator
 from .stats import GenerationStats
 
@@ -391,19 +391,22 @@ def speculate_steps(
             if forced:
                 proposal = _after_forced(forced, proposal)
             t1 = clock()
-            if proposal.tree is not None and len(proposal.tree):
-                if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
-                    target.truncate(L - 1)
+            try:  # the target's rows are checked as they are sampled (the backend skips its own pass: check_logits)
+                if proposal.tree is not None and len(proposal.tree):
+                    if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
+                        target.truncate(L - 1)
+                        pending = None
+                    cycle = yield from _tree_cycle(
+                        target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None,
+                        proposal.sampled_chances, vocab,
+                    )
+                else:
+                    cycle = yield from _chain_cycle(
+                        target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None, vocab
+                    )
                     pending = None
-                cycle = yield from _tree_cycle(
-                    target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None, proposal.sampled_chances,
-                    vocab,
-                )
-            else:
-                cycle = yield from _chain_cycle(
-                    target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None, vocab
-                )
-                pending = None
+            except NonFiniteLogitsError as e:
+                raise BackendError(non_finite_message(target, "the target model")) from e
             new, n_drafted, n, rows, skipped = cycle.tokens, cycle.n_drafted, cycle.n_kept, cycle.rows, cycle.skipped
             t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
@@ -459,6 +462,11 @@ def speculate_steps(
                 after_cycle()
     finally:
         stats.finish(clock() - start)
+
+
+def non_finite_message(model: Any, fallback: str) -> str:
+    """The line for a model whose logits hold NaN or +inf (what the backend's own check says)."""
+    return f"{getattr(model, 'name', None) or fallback} produced NaN or infinite logits (a damaged or incompatible model file)"
 
 
 def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:

@@ -11,12 +11,12 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..constraint import TokenConstraint, apply_mask
-from ..errors import EdgespecError
+from ..errors import BackendError, EdgespecError
 from ..infill import InfillVocab
 from ..policy import Controller
 from ..request import DrafterKind
 from ..sampling import greedy as greedy_token
-from ..sampling import PositionalUniforms, Probs, sample, sample_at, warp_probs
+from ..sampling import NonFiniteLogitsError, PositionalUniforms, Probs, sample, sample_at, warp_probs
 from ..tree import ROOT, TokenTree, sample_children, walk
 from .base import Outcome, Proposal
 
@@ -244,7 +244,18 @@ class ModelSpeculator:
     def _pick(
         self, logits: np.ndarray, history: list[int], rng: np.random.Generator | PositionalUniforms
     ) -> tuple[int, Probs | None, float]:
-        """One drafted token, the q it was drawn from (None = greedy), and the draft's confidence in it."""
+        """One drafted token, the q it was drawn from (None = greedy), and the draft's confidence in it. The row is
+        checked as it is sampled (NaN or +inf: this model's BackendError; the backend skips its own pass)."""
+        try:
+            return self._sample(logits, history, rng)
+        except NonFiniteLogitsError as e:
+            raise BackendError(
+                f"{getattr(self.model, 'name', None) or 'the draft model'} produced NaN or infinite logits (a damaged or incompatible model file)"
+            ) from e
+
+    def _sample(
+        self, logits: np.ndarray, history: list[int], rng: np.random.Generator | PositionalUniforms
+    ) -> tuple[int, Probs | None, float]:
         if self.params.greedy:
             d = greedy_token(logits, self.params, history)
             # the confidence steers an adaptive controller only: a fixed draft length never reads it
