@@ -36,7 +36,7 @@ import numpy as np
 
 from .config import MAX_SEQUENCES, ModelSpec, check_slots_fit, check_tree_fits
 from .constraint import Vocabulary
-from .errors import BackendError, ConfigError, ContextFullError, EngineClosedError, StopRequested
+from .errors import BackendError, ConfigError, ContextFullError, EngineClosedError, StopRequested, non_finite_logits
 from .gguf_check import GGUFInfo, inspect_gguf
 from .infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
@@ -776,7 +776,7 @@ class Model:
         # NaN propagates into the max; +inf is the max; all -inf too (skipped where the caller samples every row it reads,
         # which checks the same: check_logits False)
         if self._primary.check_logits and not np.isfinite(out.max(axis=1)).all():
-            raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
+            raise non_finite_logits(self.name)
         if list(rows) == want:
             return out
         return out[[order[r % n] for r in rows]]
@@ -855,7 +855,7 @@ class Model:
             off += len(pt.tokens)
         for got in out:
             if len(got) and self._primary.check_logits and not np.isfinite(got.max(axis=1)).all():
-                raise BackendError(f"{self.name} produced NaN or infinite logits (a damaged or incompatible model file)")
+                raise non_finite_logits(self.name)
         return out
 
     def _prepare(self, pt: "DecodePart") -> tuple[np.ndarray, list[int], int]:

@@ -28,6 +28,12 @@ class BackendError(EdgespecError):
     """llama.cpp refused or failed an operation."""
 
 
+def non_finite_logits(model: str) -> BackendError:
+    """The error for a model whose logits hold NaN or +inf (found by the backend's own check, or by the loop's sampling
+    where the backend skips it)."""
+    return BackendError(f"{model} produced NaN or infinite logits (a damaged or incompatible model file)")
+
+
 EXIT_BACKEND_LOST = 75  # EX_TEMPFAIL: the exit code of a process that lost an RPC server (try again once it is back)
 
 
@@ -67,6 +73,7 @@ __all__ = [
     "ModelFileError",
     "IncompatiblePairError",
     "BackendError",
+    "non_finite_logits",
     "BackendLostError",
     "ContextFullError",
     "EngineClosedError",

@@ -49,7 +49,7 @@ from .config import SamplingParams
 from .constraint import TokenConstraint, apply_mask
 from .infill import InfillVocab
 from .speculators.guard import unguarded
-from .errors import BackendError, ConfigError, ContextFullError, StopRequested
+from .errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
 from .sampling import greedy as greedy_token
 from .sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp, warp_probs
 from .speculators.base import Outcome, Proposal, Speculator
@@ -406,7 +406,7 @@ def speculate_steps(
                     )
                     pending = None
             except NonFiniteLogitsError as e:
-                raise BackendError(non_finite_message(target, "the target model")) from e
+                raise non_finite_logits(getattr(target, "name", None) or "the target model") from e
             new, n_drafted, n, rows, skipped = cycle.tokens, cycle.n_drafted, cycle.n_kept, cycle.rows, cycle.skipped
             t2 = clock()
             # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
@@ -462,11 +462,6 @@ def speculate_steps(
                 after_cycle()
     finally:
         stats.finish(clock() - start)
-
-
-def non_finite_message(model: Any, fallback: str) -> str:
-    """The line for a model whose logits hold NaN or +inf (what the backend's own check says)."""
-    return f"{getattr(model, 'name', None) or fallback} produced NaN or infinite logits (a damaged or incompatible model file)"
 
 
 def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..config import SamplingParams
 from ..constraint import TokenConstraint, apply_mask
-from ..errors import BackendError, EdgespecError
+from ..errors import EdgespecError, non_finite_logits
 from ..infill import InfillVocab
 from ..policy import Controller
 from ..request import DrafterKind
@@ -249,9 +249,7 @@ class ModelSpeculator:
         try:
             return self._sample(logits, history, rng)
         except NonFiniteLogitsError as e:
-            raise BackendError(
-                f"{getattr(self.model, 'name', None) or 'the draft model'} produced NaN or infinite logits (a damaged or incompatible model file)"
-            ) from e
+            raise non_finite_logits(getattr(self.model, "name", None) or "the draft model") from e
 
     def _sample(
         self, logits: np.ndarray, history: list[int], rng: np.random.Generator | PositionalUniforms
