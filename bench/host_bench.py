@@ -285,6 +285,7 @@ def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
     from edgespec.stats import GenerationStats
 
     rows = []
+    clock = time.process_time if args.cpu_time else time.perf_counter
     flat = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}
     evict = np.ones(args.evict_mb << 18, dtype=np.float32) if args.evict_mb else None
     for n_vocab in args.vocab:
@@ -304,11 +305,11 @@ def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
                         spec = ModelSpeculator(draft, sp, Controller(cfg, CostModel(flat, c_draft=0.01, frozen=True)))
                     stats = GenerationStats()
                     rng = np.random.default_rng(rep)
-                    t0 = time.perf_counter() if not args.cpu_time else time.process_time()
+                    t0 = clock()
                     n = 0
                     for step in speculate(target, [1, 2, 3], sp, rng, max_tokens=args.fake_tokens, speculator=spec, stats=stats):
                         n += len(step.tokens)
-                    dt = (time.perf_counter() if not args.cpu_time else time.process_time()) - t0
+                    dt = clock() - t0
                     dt -= target.evict_seconds + draft.evict_seconds
                     rate = n / dt
                     best = rate if best is None else max(best, rate)
@@ -358,6 +359,7 @@ def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     import llama_cpp as C
 
+    clock = time.process_time if args.cpu_time else time.perf_counter
     token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
     assert token_data.itemsize == ctypes.sizeof(C.llama_token_data)
     rows = []
@@ -388,7 +390,7 @@ def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
                 best = None
                 n = max(200, args.fake_tokens // 4)
                 for _ in range(args.repeats):
-                    t0 = time.perf_counter() if not args.cpu_time else time.process_time()
+                    t0 = clock()
                     for i in range(n):
                         data["id"] = ids
                         data["logit"] = table[i % table.shape[0]]
@@ -396,7 +398,7 @@ def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
                         arr.size, arr.selected, arr.sorted = n_vocab, -1, False
                         C.llama_sampler_apply(chain, ctypes.byref(arr))
                         C.llama_sampler_accept(chain, int(data["id"][arr.selected]))
-                    dt = (time.perf_counter() if not args.cpu_time else time.process_time()) - t0
+                    dt = clock() - t0
                     best = n / dt if best is None else max(best, n / dt)
             finally:
                 C.llama_sampler_free(chain)
