@@ -123,9 +123,9 @@ def build_prompts(package: str, per_group: int, prefix_chars: int, suffix_chars:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from edgespec.calibration import Calibration
+    from edgespec.drafting.calibration import Calibration
     from edgespec.config import ModelSpec, SamplingParams
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
     from edgespec.fsutil import atomic_write_text
 
     if args.target:

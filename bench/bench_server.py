@@ -48,7 +48,7 @@ from serve_process import ServeProcess  # noqa: E402
 from tiny import write_tiny_set  # noqa: E402
 
 from edgespec.config import ModelSpec, SamplingParams  # noqa: E402
-from edgespec.engine import Engine  # noqa: E402
+from edgespec.runtime.engine import Engine  # noqa: E402
 
 PROMPTS = [
     "Write a Python function that reverses a linked list.",

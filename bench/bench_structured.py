@@ -27,9 +27,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.config import ModelSpec, SamplingParams  # noqa: E402
-from edgespec.constraint import Constraint  # noqa: E402
-from edgespec.engine import Engine  # noqa: E402
-from edgespec.structured import check_tools, tool_constraint, tool_messages  # noqa: E402
+from edgespec.decoding.constraint import Constraint  # noqa: E402
+from edgespec.runtime.engine import Engine  # noqa: E402
+from edgespec.decoding.structured import check_tools, tool_constraint, tool_messages  # noqa: E402
 
 PERSON = {
     "type": "object",
@@ -145,7 +145,7 @@ def _valid(kind: str, text: str) -> bool:
         if kind == "json":
             obj = json.loads(text)
             return isinstance(obj, dict) and set(obj) == set(PERSON["properties"])
-        from edgespec.structured import parse_tool_calls
+        from edgespec.decoding.structured import parse_tool_calls
 
         return bool(parse_tool_calls(text)[1])
     except ValueError:

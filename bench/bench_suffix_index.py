@@ -1,4 +1,4 @@
-"""Speed and size of edgespec.suffix_index.SuffixIndex at a given number of indexed tokens.
+"""Speed and size of edgespec.drafting.suffix_index.SuffixIndex at a given number of indexed tokens.
 
     .venv/bin/python bench/bench_suffix_index.py                    # 10k and 100k tokens
     .venv/bin/python bench/bench_suffix_index.py --tokens 250000 --lookups 2000
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.suffix_index import SuffixIndex
+from edgespec.drafting.suffix_index import SuffixIndex
 
 clock = time.process_time
 

@@ -110,7 +110,7 @@ def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
     clock = DecodeClock()
     from edgespec import Engine
     from edgespec.models import resolve_model
-    from edgespec.backend import ModelSpec
+    from edgespec.llama.backend import ModelSpec
 
     target = str(resolve_model(None, "target"))
     draft = str(resolve_model(None, "draft"))
@@ -278,10 +278,10 @@ def fake_table(n_vocab: int, n_rows: int = 64, seed: int = 0) -> np.ndarray:
 
 
 def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from edgespec.costs import CostModel
-    from edgespec.policy import Controller
-    from edgespec.speculate import speculate
-    from edgespec.speculators import ModelSpeculator
+    from edgespec.drafting.costs import CostModel
+    from edgespec.drafting.policy import Controller
+    from edgespec.runtime.speculate import speculate
+    from edgespec.drafting import ModelSpeculator
     from edgespec.stats import GenerationStats
 
     rows = []

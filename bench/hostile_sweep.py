@@ -259,7 +259,7 @@ def run_files(s: Sweep, tiny: dict[str, Path]) -> None:
 
 
 def run_caches(s: Sweep, tiny: dict[str, Path]) -> None:
-    from edgespec import calibration as cal
+    from edgespec.drafting import calibration as cal
 
     t = str(tiny["target"])
     gen = ["generate", "hi", "--target", t, "--draft", str(tiny["draft"]), "--max-tokens", "2", "--ctx", "256"]
@@ -282,7 +282,7 @@ def run_caches(s: Sweep, tiny: dict[str, Path]) -> None:
 
 
 def run_templates(s: Sweep, tiny: dict[str, Path]) -> None:  # every category takes the tiny models
-    from edgespec.chat_template import render
+    from edgespec.prompts.chat_template import render
 
     hostile = {
         "nested ranges": "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
@@ -383,7 +383,7 @@ def run_limits(s: Sweep, tiny: dict[str, Path]) -> None:
         "model+suffix, tree_nodes 64, n_batch 32": ("Engine.load(ModelSpec(T, n_batch=32, n_threads=1), "
                                                     f"{str(tiny['draft'])!r}, drafter='model+suffix', spec=SpecConfig(tree_nodes=64), "
                                                     "memory=False, calibrate_costs=False)"),
-        "backend Model, tree_paths above n_batch": "from edgespec.backend import Model\nModel(ModelSpec(T, n_batch=4, n_threads=1), tree_paths=8)",
+        "backend Model, tree_paths above n_batch": "from edgespec.llama.backend import Model\nModel(ModelSpec(T, n_batch=4, n_threads=1), tree_paths=8)",
     }.items():
         s.child("limits", name, pre + f"try:\n    {call.replace(chr(10), chr(10) + '    ')}\nexcept ConfigError as e:\n    print('HELD', e)\n")
     s.child("limits", "suffix drafter at the boundary (n_batch = tree_nodes + 1) generates",
@@ -448,7 +448,7 @@ def run_resume(s: Sweep, tiny: dict[str, Path]) -> None:
     """Save -> tamper -> load, for every tamper kind (issue 20, item 2): refused whole with one line, the session
     it was loaded into unchanged; and save to paths the OS refuses (item 4)."""
     from edgespec import ChatSession, Engine, ModelSpec, SamplingParams
-    from edgespec.chat import ChatError
+    from edgespec.runtime.chat import ChatError
 
     eng = Engine.load(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), drafter="none", calibrate_costs=False)
     base = ChatSession(eng, system="sys", sampling=SamplingParams(temperature=0), max_tokens=4)
@@ -675,8 +675,8 @@ def run_input(s: Sweep, tiny: dict[str, Path]) -> None:
     import urllib.error
     import urllib.request
 
-    from edgespec.constraint import Constraint
-    from edgespec.structured import tool_messages
+    from edgespec.decoding.constraint import Constraint
+    from edgespec.decoding.structured import tool_messages
 
     deep: Any = {"type": "integer"}
     for _ in range(600):

@@ -264,10 +264,10 @@ def main() -> None:
         print(bin_dir)
         return
 
-    from edgespec.backend import default_threads
+    from edgespec.llama.backend import default_threads
     from edgespec.bench import _run_one, load_suites
     from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
     from edgespec.models import resolve_model
 
     import llama_cpp

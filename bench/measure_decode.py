@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from edgespec.backend import Model
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec
 from edgespec.models import resolve_model
 

@@ -47,7 +47,7 @@ class BareStepper:
     def __init__(self, path: str, n_ctx: int, threads: int) -> None:
         import llama_cpp as C
 
-        from edgespec.backend import _init_llama
+        from edgespec.llama.backend import _init_llama
 
         _init_llama()
         self.C = C
@@ -101,7 +101,7 @@ def paired_steps(steppers: dict[str, Any], prompt: list[int], n: int) -> dict[st
 
 def run_paired(target: str, n_ctx: int, threads: int, depths: list[int], rounds: int, n: int) -> dict[str, dict[str, float]]:
     """--paired: median ms per token of bare, model and model+trees at each depth (see the module docstring)."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec, SpecConfig
 
     steppers: dict[str, Any] = {
@@ -168,9 +168,9 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
 
-    from edgespec.backend import Model, default_threads
+    from edgespec.llama.backend import Model, default_threads
     from edgespec.config import ModelSpec
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
     from edgespec.models import resolve_model
     from edgespec.paths import cache_dir
 

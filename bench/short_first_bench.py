@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgespec import Engine, ModelSpec, SamplingParams  # noqa: E402
 from edgespec.models import resolve_model  # noqa: E402
-from edgespec.request import GenerationRequest, InfillPrompt  # noqa: E402
+from edgespec.runtime.request import GenerationRequest, InfillPrompt  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 LONG_MESSAGES = [{"role": "user", "content": "Explain, with code examples in Python, how hash tables work: hashing, "

@@ -23,17 +23,18 @@ from .errors import (  # noqa: E402
     QueueFullError,
     TemplateError,
 )
-from .request import DrafterKind, GenerationRequest, InfillPrompt  # noqa: E402
+from .config import DrafterKind  # noqa: E402
+from .runtime.request import GenerationRequest, InfillPrompt  # noqa: E402
 from .stats import GenerationStats  # noqa: E402
 
 _LAZY = {
-    "Engine": "engine",
-    "Result": "engine",
-    "Chunk": "engine",
-    "Generation": "engine",
-    "ChatSession": "chat",
-    "Constraint": "constraint",
-    "ConstraintError": "constraint",
+    "Engine": "runtime.engine",
+    "Result": "runtime.engine",
+    "Chunk": "runtime.engine",
+    "Generation": "runtime.engine",
+    "ChatSession": "runtime.chat",
+    "Constraint": "decoding.constraint",
+    "ConstraintError": "decoding.constraint",
 }
 
 

@@ -11,9 +11,39 @@ import numbers
 import os
 import re
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from .errors import ConfigError, EdgespecError
+
+
+class DrafterKind(str, Enum):
+    """How a generation drafts (edgespec.drafting builds each). A str Enum: a kind equals, formats and
+    serialises (JSON) as its name, so `kind == "ngram"` and f"{kind}" read as before."""
+
+    MODEL = "model"  # a draft GGUF model
+    NGRAM = "ngram"  # prompt lookup
+    SUFFIX = "suffix"  # token trees from a suffix index over everything the engine has seen
+    MODEL_NGRAM = "model+ngram"  # the lookup when it has a proposal worth verifying, the draft model otherwise
+    MODEL_SUFFIX = "model+suffix"  # the same with the suffix index
+    NONE = "none"  # plain decoding
+
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's format, not Enum's
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self in (DrafterKind.MODEL, DrafterKind.MODEL_NGRAM, DrafterKind.MODEL_SUFFIX)
+
+    @property
+    def uses_tree(self) -> bool:
+        """A suffix drafter: needs a memory (SuffixIndex) and a target loaded with tree sequences."""
+        return self in (DrafterKind.SUFFIX, DrafterKind.MODEL_SUFFIX)
+
+    @property
+    def uses_ngram(self) -> bool:
+        return self in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM)
+
 
 MAX_CTX = 1 << 20  # a context of a million tokens is far past what a laptop holds; larger numbers are mistakes
 MAX_SEED = 2**64 - 1

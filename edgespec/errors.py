@@ -39,7 +39,7 @@ EXIT_BACKEND_LOST = 75  # EX_TEMPFAIL: the exit code of a process that lost an R
 
 class BackendLostError(BackendError):
     """A server the model's layers run on (an RPC server) is gone: this engine cannot go on, and the process ends
-    with EXIT_BACKEND_LOST moments later (edgespec/rpc.py); `edgespec serve --rpc` reloads once the server answers."""
+    with EXIT_BACKEND_LOST moments later (edgespec/llama/rpc.py); `edgespec serve --rpc` reloads once the server answers."""
 
 
 class ContextFullError(BackendError):

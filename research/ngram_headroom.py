@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite", action="append", default=[])
     a = ap.parse_args(argv)
 
-    from edgespec.calibration import cache_path
+    from edgespec.drafting.calibration import cache_path
     from edgespec.config import SpecConfig
 
     curve = a.curve or str(cache_path())

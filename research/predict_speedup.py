@@ -21,7 +21,7 @@ and each advances a virtual clock by what the curve file says the call costs (no
     every cycle                 overhead                             (Python work outside both models; default 0)
 
 The engine's online learning runs as in a bench, fed with these modelled times: each drafter kind replays through
-one edgespec.learning.LearningState, the engine's own (the curve, the draft's cost and gate, the estimators, the rate
+one edgespec.drafting.learning.LearningState, the engine's own (the curve, the draft's cost and gate, the estimators, the rate
 guard and the suffix memory carry over from prompt to prompt), driven through the methods Engine._run calls.
 Speedup per suite = plain decode time / speculative decode time over the suite's prompts (summed tokens / summed
 seconds on each side, as `edgespec bench` reports it), for each drafter kind the engine has: model, ngram,
@@ -76,8 +76,8 @@ sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to th
 
 from record_traces import continuation, continuation_with_alternatives  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
-from edgespec.learning import LearningState  # noqa: E402
-from edgespec.request import DrafterKind  # noqa: E402
+from edgespec.drafting.learning import LearningState  # noqa: E402
+from edgespec.runtime.request import DrafterKind  # noqa: E402
 
 DEFAULT_TRACES = HERE / "data" / "traces.json.gz"
 DEFAULT_SAMPLED = HERE / "data" / "traces_t1.json.gz"  # the sampled recording (T = 1.0 with the bench's settings)
@@ -380,7 +380,7 @@ class RecordedDraft:
         self._cont: tuple[list[int], list[float]] = ([], [])
         self._alts: list[list[tuple[int, float]]] | None = None  # per drafted position (format-2 traces), else None
         self._i = 0
-        from edgespec.costs import VerifyCurve
+        from edgespec.drafting.costs import VerifyCurve
 
         self.curve = VerifyCurve(cost.draft_verify or cost.verify)
 
@@ -389,7 +389,7 @@ class RecordedDraft:
         return len(self.cached)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        from edgespec.prompt_cache import common_prefix
+        from edgespec.llama.prompt_cache import common_prefix
 
         return common_prefix(self.cached, tokens)
 
@@ -408,7 +408,7 @@ class RecordedDraft:
 
     def _catch_up(self, tokens: Sequence[int], rows: Sequence[int]) -> None:
         """sync's cache and cost: the tokens the cache lacks (at least the last one when a row is wanted), as one batch."""
-        from edgespec.prompt_cache import common_prefix
+        from edgespec.llama.prompt_cache import common_prefix
 
         tokens = list(tokens)
         keep = common_prefix(self.cached, tokens)
@@ -554,8 +554,8 @@ def sampled_params(meta: Mapping[str, Any]) -> Any:
 def row_alpha(sp: SampledPrompt, i: int, params: Any) -> float:
     """sum_x min(p(x), q(x)) of the replay's rows at trajectory index i after the sampler's filters: what a sampled
     draft token is accepted with there (the recording's exact value is rec["alpha"][i])."""
-    from edgespec.acceptance import expected_acceptance
-    from edgespec.sampling import warp
+    from edgespec.decoding.acceptance import expected_acceptance
+    from edgespec.decoding.sampling import warp
 
     hist = sp.prompt + sp.trace[:i]
     return expected_acceptance(warp(sp.p(i), params, hist), warp(sp.q(i), params, hist))
@@ -565,9 +565,9 @@ def sampled_acceptance(sp: SampledPrompt, params: Any, k_max: int, spec: Any) ->
     """Per trajectory index t: the draft model's acceptance rate there (the recorded alpha) and the n-gram lookup's
     per-token acceptance of its proposal (up to k_max tokens, from prompt + trajectory[:t]): p(d_i) at index t + i
     after the sampler's filters (a deterministic draft token is accepted with the target's probability of it)."""
-    from edgespec.acceptance import expected_acceptance
-    from edgespec.ngram import NgramIndex
-    from edgespec.sampling import warp
+    from edgespec.decoding.acceptance import expected_acceptance
+    from edgespec.drafting.ngram import NgramIndex
+    from edgespec.decoding.sampling import warp
 
     from record_traces import CONF_SCALE
 
@@ -591,7 +591,7 @@ def expected_oracle_seconds(
     position independent): per cycle plain, the draft model for any k <= k_max (position t + i accepted with
     model_a[t + i]) or the lookup for any k up to its proposal (lookup_a[t][i]); a cycle that drafts k and has j
     accepted emits j + 1 tokens. Costs as oracle_seconds charges them (the draft's catch-up ignored)."""
-    from edgespec.costs import VerifyCurve
+    from edgespec.drafting.costs import VerifyCurve
 
     v = VerifyCurve(cost.verify)
     o = cost.overhead
@@ -621,10 +621,10 @@ def expected_oracle_seconds(
 
 # --------------------------------------------------------------------------------------------- replay
 def new_state(cost: Curve) -> LearningState:
-    """What an engine starts a bench with on this curve (edgespec.learning.LearningState, the engine's own class):
+    """What an engine starts a bench with on this curve (edgespec.drafting.learning.LearningState, the engine's own class):
     its live verify curve and the draft's cost from the file, a closed gate, fresh estimators and rate guards, and an
     empty suffix memory (it will hold every prompt and output replayed through this state)."""
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     return LearningState.from_costs(cost.verify, cost.draft, memory=SuffixIndex())
 
@@ -639,8 +639,8 @@ def run_one(
     source seeded with `seed`, and up to as many tokens as the recorded trajectory. `state` (a LearningState,
     new_state) carries what the engine learns from one prompt to the next, driven as Engine._run drives its own."""
     from edgespec.config import SamplingParams
-    from edgespec.costs import VerifyCurve
-    from edgespec.speculate import speculate
+    from edgespec.drafting.costs import VerifyCurve
+    from edgespec.runtime.speculate import speculate
     from edgespec.stats import GenerationStats
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
@@ -687,9 +687,9 @@ def replay_streams(
     stream plans its drafts with the others' rows beside it (CostModel.others), as Engine._steps does. One stream is
     the engine alone. Returns the clock's seconds, the tokens, drafted tokens and cycles."""
     from edgespec.config import SamplingParams
-    from edgespec.costs import VerifyCurve
-    from edgespec.engine import BATCH_GAIN
-    from edgespec.speculate import Verify, speculate_steps
+    from edgespec.drafting.costs import VerifyCurve
+    from edgespec.runtime.engine import BATCH_GAIN
+    from edgespec.runtime.speculate import Verify, speculate_steps
     from edgespec.stats import GenerationStats
 
     clock = Clock()
@@ -819,7 +819,7 @@ def format_streams(res: Mapping[str, Any]) -> str:
 def replay_tree_paths(kind: str, spec: Any, meta: Mapping[str, Any]) -> int:
     """The tree sequences Engine.load gives the target for `kind` (speculators.tree_paths_for), a draft model's
     siblings only from format-2 and format-3 recordings, which record the draft's alternatives (its distributions)."""
-    from edgespec.speculators import tree_paths_for
+    from edgespec.drafting import tree_paths_for
 
     return tree_paths_for(kind, spec, meta.get("format", 1) >= 2)
 
@@ -863,8 +863,8 @@ def model_proposals(rec: Mapping[str, Any], meta: Mapping[str, Any], k_max: int)
 def ngram_proposals(rec: Mapping[str, Any], spec: Any, k_max: int) -> list[tuple[int, int, int]]:
     """Per position t: the n-gram lookup's proposal as (match run, proposed tokens, tokens the target would accept);
     run -1 where the lookup finds nothing."""
-    from edgespec.ngram import NgramIndex
-    from edgespec.prompt_cache import common_prefix
+    from edgespec.drafting.ngram import NgramIndex
+    from edgespec.llama.prompt_cache import common_prefix
 
     prompt, trace = list(rec["prompt"]), list(rec["trace"])
     idx = NgramIndex(spec.ngram_n_max, spec.ngram_n_min)
@@ -882,8 +882,8 @@ def fitted_run_table(
     the estimator's run buckets (MatchLengthEstimator.BUCKET_EDGES) to k, fitted on the traces themselves by
     coordinate descent (so an optimistic bound for such rules; the engine's NgramPolicy learns online instead).
     traces: (n_prompt, ngram_proposals) per prompt. Returns (modelled seconds, {bucket's lowest run: k})."""
-    from edgespec.costs import VerifyCurve
-    from edgespec.estimators import MatchLengthEstimator
+    from edgespec.drafting.costs import VerifyCurve
+    from edgespec.drafting.estimators import MatchLengthEstimator
 
     v = VerifyCurve(cost.verify)
     edges = MatchLengthEstimator.BUCKET_EDGES
@@ -926,7 +926,7 @@ def rule_seconds(
     target's decode of k + 1 tokens (k after the prefill's row on the first cycle), the draft's catch-up as one batch
     of the tokens it has not seen, then one decode per further drafted token, and the overhead per cycle.
     prompts: (n_prompt, first cycle from the prefill, model_proposals, ngram_proposals) per prompt."""
-    from edgespec.costs import VerifyCurve
+    from edgespec.drafting.costs import VerifyCurve
 
     v = VerifyCurve(cost.verify)
     dv = VerifyCurve(cost.draft_verify or cost.verify)
@@ -992,7 +992,7 @@ def oracle_seconds(
     nothing for a plain first token). model_sib (the tree oracle, model_sibling_hits): where the trace's token at the
     chain's first miss is among the draft's alternatives, a cycle may also draft the chain up to that miss with the
     matching alternative beside it (one more row) and emit one token more."""
-    from edgespec.costs import VerifyCurve
+    from edgespec.drafting.costs import VerifyCurve
 
     v = VerifyCurve(cost.verify)
     o = cost.overhead
@@ -1025,7 +1025,7 @@ def predict(
     best fixed k-by-match-run rule fitted on each suite's traces (fitted_run_table); with fit_rules, the best fixed
     confidence / match-run rule for model+ngram fitted on each suite's traces (fitted_rule; overall: each suite with
     its own rule). seed: a sampled replay's draws (prompt i of the recording draws from [seed, i], every kind alike)."""
-    from edgespec.costs import draft_model_pays
+    from edgespec.drafting.costs import draft_model_pays
 
     sampled = data.get("format") == 3
     if sampled and (fit or fit_rules):
@@ -1287,7 +1287,7 @@ def _at_depths(model: Any, sizes: Sequence[int], rounds: int, depths: Sequence[i
     size once per round (interleaved, so that a busy moment hits all alike)."""
     import statistics
 
-    from edgespec.calibration import _time_sizes
+    from edgespec.drafting.calibration import _time_sizes
 
     times: dict[int, dict[int, list[float]]] = {d: {n: [] for n in sizes} for d in depths}
     for _ in range(rounds):
@@ -1304,12 +1304,12 @@ def _at_depths(model: Any, sizes: Sequence[int], rounds: int, depths: Sequence[i
 def measure(target: str, draft: str | None, n_gpu_layers: int, sizes: Sequence[int], rounds: int, threads: int | None,
             depths: Sequence[int] = ()) -> dict[str, Any]:
     """A curve file's contents for this machine: the target's verify curve, the draft's per-token cost and its
-    small-batch curve, measured with edgespec.calibration.measure_decode_costs (after a 16-token context, as the
+    small-batch curve, measured with edgespec.drafting.calibration.measure_decode_costs (after a 16-token context, as the
     engine calibrates); with `depths`, also how those costs grow with the context depth (depth_scale)."""
     import time
 
-    from edgespec.backend import Model
-    from edgespec.calibration import measure_decode_costs
+    from edgespec.llama.backend import Model
+    from edgespec.drafting.calibration import measure_decode_costs
     from edgespec.config import ModelSpec
 
     out: dict[str, Any] = {"name": f"measured {Path(target).name}" + (f" + {Path(draft).name}" if draft else "")}

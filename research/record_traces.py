@@ -74,9 +74,9 @@ CONF_SCALE = 10_000  # confidences are stored as round(p * CONF_SCALE)
 def record_segments(draft: Any, context: list[int], trace: list[int], draft_len: int) -> list[list[Any]]:
     """The draft's greedy continuations at every position of `trace` after `context`, as segments (see the module
     docstring). `draft` is a backend.Model (or anything with reset/sync/decode/truncate/is_eog/n_past)."""
-    from edgespec.sampling import greedy as greedy_token
+    from edgespec.decoding.sampling import greedy as greedy_token
     from edgespec.config import SamplingParams
-    from edgespec.speculators.model import top_probability
+    from edgespec.drafting.model import top_probability
 
     params = SamplingParams(temperature=0)
     segments: list[list[Any]] = []
@@ -150,7 +150,7 @@ def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> tuple[
     logits rows (what record_sampled computes the exact acceptance rates from)."""
     import numpy as np
 
-    from edgespec.sampling import top_k_indices
+    from edgespec.decoding.sampling import top_k_indices
 
     full = list(context) + list(trace)
     P = len(context)
@@ -170,8 +170,8 @@ def top_rows(model: Any, context: list[int], trace: list[int], k: int) -> tuple[
 def record_sampled(eng: Any, context: list[int], trace: list[int], params: Any, k: int) -> dict[str, Any]:
     """A sampled trajectory's per-position target and draft distributions (top_rows) and the exact acceptance rate
     of a sampled draft at each position (sum of min(p, q) over the filtered distributions, x CONF_SCALE)."""
-    from edgespec.acceptance import expected_acceptance
-    from edgespec.sampling import warp
+    from edgespec.decoding.acceptance import expected_acceptance
+    from edgespec.decoding.sampling import warp
 
     target, p_logits = top_rows(eng.target, context, trace, k)
     draft, q_logits = top_rows(eng.draft, context, trace, k)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from edgespec.bench import load_suites
     from edgespec.config import ModelSpec, SamplingParams
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
     from edgespec.models import resolve_model
 
     tpath, dpath = resolve_model(a.target, "target"), resolve_model(a.draft, "draft")
@@ -367,7 +367,7 @@ def write_traces(out: Path, data: dict[str, Any]) -> None:
 
 def upgrade(src: Path, out: Path, draft_path: str | None, threads: int | None) -> int:
     """--add-alternatives: src (format 1) -> out (format 2), the draft model only."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
     from edgespec.models import resolve_model
 

@@ -226,8 +226,8 @@ def make(spec: dict[str, Any], role: str, out: Path, *, ftype: str = "Q4_K_M", t
 def compare(paths: Sequence[str], sizes: Sequence[int], rounds: int, threads: int | None, n_gpu_layers: int) -> dict[str, Any]:
     """Verify curves of several files measured in interleaved rounds (each round: every file, every size once), so
     that machine noise hits all alike; medians per size."""
-    from edgespec.backend import Model
-    from edgespec.calibration import _time_sizes, _base
+    from edgespec.llama.backend import Model
+    from edgespec.drafting.calibration import _time_sizes, _base
     from edgespec.config import ModelSpec
 
     models = [Model(ModelSpec(p, n_threads=threads, n_gpu_layers=n_gpu_layers, n_ctx=max(256, max(sizes) + 64))) for p in paths]

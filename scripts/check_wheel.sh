@@ -37,7 +37,7 @@ PY
 # a tiny model to run it on, written by the tests' fixture (numpy and gguf only: edgespec still comes from the wheel)
 PYTHONPATH="$ROOT/tests" "$V/python" -c 'from tiny import write_tiny_set; write_tiny_set("tiny")'
 "$V/edgespec" info tiny/tiny-target.gguf >/dev/null
-"$V/python" -c 'from edgespec import rpc; assert rpc.available(), "the llama-cpp-python wheel has no libggml-rpc (GGML_RPC=ON)"'
+"$V/python" -c 'from edgespec.llama import rpc; assert rpc.available(), "the llama-cpp-python wheel has no libggml-rpc (GGML_RPC=ON)"'
 EDGESPEC_CACHE_DIR="$WORK/cache" "$V/edgespec" generate "abc" --raw --target tiny/tiny-target.gguf --draft ngram \
   --max-tokens 8 --ctx 256 --temperature 0 >/dev/null
 log "ok: the wheel installs and runs"

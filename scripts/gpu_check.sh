@@ -256,7 +256,7 @@ cat > "$WORK/plugin/gpu_offload_plugin.py" <<'EOF'
 """pytest plugin (scripts/gpu_check.sh): every edgespec Model loads with all layers on the GPU."""
 import dataclasses
 
-import edgespec.backend as B
+import edgespec.llama.backend as B
 
 _init = B.Model.__init__
 

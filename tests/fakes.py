@@ -20,15 +20,15 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
-import edgespec.acceptance
-import edgespec.sampling
-import edgespec.speculators.model
-import edgespec.tree
+import edgespec.decoding.acceptance
+import edgespec.decoding.sampling
+import edgespec.drafting.model
+import edgespec.decoding.tree
 from edgespec.config import SamplingParams
-from edgespec.constraint import apply_mask
+from edgespec.decoding.constraint import apply_mask
 from edgespec.errors import ContextFullError, StopRequested
-from edgespec.prompt_cache import common_prefix
-from edgespec.sampling import warp
+from edgespec.llama.prompt_cache import common_prefix
+from edgespec.decoding.sampling import warp
 
 V = 8
 
@@ -242,8 +242,8 @@ class EnumeratingRng(np.random.Generator):
         return super().__getattribute__(name)
 
 
-_REAL_SAMPLE_AT = edgespec.sampling.sample_at
-_SAMPLE_AT_USERS = (edgespec.sampling, edgespec.tree, edgespec.speculators.model, edgespec.acceptance)
+_REAL_SAMPLE_AT = edgespec.decoding.sampling.sample_at
+_SAMPLE_AT_USERS = (edgespec.decoding.sampling, edgespec.decoding.tree, edgespec.drafting.model, edgespec.decoding.acceptance)
 
 
 def _sample_at(probs: np.ndarray, u: float) -> int:

@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgespec import gguf_known, gguf_rules
+from edgespec.llama import gguf_known
+from edgespec.llama import gguf_rules
 
 # GGUF value types (gguf.GGUFValueType)
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)

@@ -1,4 +1,4 @@
-"""edgespec.acceptance: exact speculative sampling must reproduce the target distribution p whatever the draft q.
+"""edgespec.decoding.acceptance: exact speculative sampling must reproduce the target distribution p whatever the draft q.
 
 The exactness of the chain rule is proven by enumeration in tests/test_exact_laws.py (every draft, every cell of the
 rule's uniforms, the law of the first k + 1 tokens to 1e-9, planted bugs). Here: corner cases, shapes, determinism,
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from edgespec.acceptance import Verdict, accept_greedy, accept_sampled, expected_acceptance, residual
-from edgespec.sampling import sample
+from edgespec.decoding.acceptance import Verdict, accept_greedy, accept_sampled, expected_acceptance, residual
+from edgespec.decoding.sampling import sample
 from exact import chain_branches, chain_run, run_cell
 
 ALPHA = 1e-3  # chi-square significance level

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.backend import BackendError, ContextFullError, Model
+from edgespec.llama.backend import BackendError, ContextFullError, Model
 from edgespec.config import ModelSpec
-from edgespec.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
+from edgespec.llama.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
 from tiny import CHATML_TEMPLATE
 
 TOL = 1e-3
@@ -211,7 +211,7 @@ def test_info_summary(tiny):
 def test_tree_rows_equal_chain_decoding_and_the_kept_path_continues(tiny):
     """One decode of a token tree gives, for every node, the logits a chain decode of its path gives; keeping a
     path leaves the cache as if that path alone had been decoded."""
-    from edgespec.tree import TokenTree
+    from edgespec.decoding.tree import TokenTree
 
     ctx = [97, 98, 99, 32, 100]
     tree = TokenTree()

@@ -175,7 +175,7 @@ def test_a_failed_plot_write_keeps_the_old_plot_and_the_results(tiny, tmp_path, 
     pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install 'edgespec[plot]')")
     import errno
 
-    import edgespec.bench_report as br
+    import edgespec.bench.report as br
 
     png = tmp_path / "bench.png"
     png.write_bytes(b"the old plot")

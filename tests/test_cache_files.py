@@ -93,8 +93,8 @@ def test_every_cache_file_that_is_not_a_file_is_dropped_in_a_child_process(tmp_p
     p = run_child(f"""
         import os, warnings
         from pathlib import Path
-        from edgespec import calibration as cal
-        from edgespec.suffix_index import SuffixIndex
+        from edgespec.drafting import calibration as cal
+        from edgespec.drafting.suffix_index import SuffixIndex
         from edgespec.models import manifest, store
         from edgespec.models.locks import try_lock
         from edgespec.errors import ModelsError
@@ -146,7 +146,7 @@ def test_every_cache_file_that_is_not_a_file_is_dropped_in_a_child_process(tmp_p
 
 
 def test_the_calibration_cache_is_rebuilt_with_one_warning(tmp_path, monkeypatch):
-    from edgespec import calibration as cal
+    from edgespec.drafting import calibration as cal
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     path = cal.cache_path()
@@ -170,9 +170,9 @@ def test_the_calibration_cache_is_rebuilt_with_one_warning(tmp_path, monkeypatch
 
 def test_the_suffix_memory_in_the_cache_is_rebuilt_and_a_user_path_refused(tiny, tmp_path, monkeypatch):
     from edgespec import Engine, ModelSpec
-    from edgespec.engine import vocab_fingerprint
+    from edgespec.runtime.engine import vocab_fingerprint
     from edgespec.errors import ConfigError
-    from edgespec.suffix_index import default_path
+    from edgespec.drafting.suffix_index import default_path
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "cache"))
     spec = ModelSpec(str(tiny["target"]), n_ctx=256, n_threads=1)

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from edgespec import calibration as cal
-from edgespec.backend import Model
+from edgespec.drafting import calibration as cal
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.costs import SHIFT_RUN, VerifyCurve
-from edgespec.engine import Engine
+from edgespec.drafting.costs import SHIFT_RUN, VerifyCurve
+from edgespec.runtime.engine import Engine
 
 
 @pytest.fixture()

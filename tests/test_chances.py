@@ -9,14 +9,14 @@ import pytest
 from test_draft_trees import fake_speculator
 from test_loop import FakeModel, FakeTreeModel, OracleSpeculator, run
 
-from edgespec.acceptance import expected_acceptance
+from edgespec.decoding.acceptance import expected_acceptance
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.estimators import AcceptanceEstimator, MatchLengthEstimator
-from edgespec.policy import Controller
-from edgespec.sampling import PositionalUniforms, warp
-from edgespec.speculate import verify
-from edgespec.speculators import ModelSpeculator
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.estimators import AcceptanceEstimator, MatchLengthEstimator
+from edgespec.drafting.policy import Controller
+from edgespec.decoding.sampling import PositionalUniforms, warp
+from edgespec.runtime.speculate import verify
+from edgespec.drafting import ModelSpeculator
 
 
 def _row(rng: np.random.Generator, n: int, zeros: int = 0) -> np.ndarray:

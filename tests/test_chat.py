@@ -1,4 +1,4 @@
-"""`edgespec chat` and edgespec.chat.ChatSession on the tiny GGUF pair (ChatML template)."""
+"""`edgespec chat` and edgespec.runtime.chat.ChatSession on the tiny GGUF pair (ChatML template)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec.chat import ChatContextError, ChatError, ChatSession
+from edgespec.runtime.chat import ChatContextError, ChatError, ChatSession
 from edgespec.cli.chat import read_message
-from edgespec.detok import complete_utf8
+from edgespec.decoding.detok import complete_utf8
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from tiny import token_id, write_tiny_model
 
 STATS = re.compile(r"^\[\d+ tokens · [\d.]+ tok/s .*prompt \d+ tok \(\d+ decoded in [\d.]+s.*\]$")
@@ -433,7 +433,7 @@ def test_save_never_replaces_a_device_or_a_symlink(engine, tmp_path):
 def test_a_turn_can_be_constrained_and_a_bad_constraint_changes_nothing(engine):
     """send(text, constraint=...): the answer matches the constraint (20 seeds, temperature 1) and joins the
     conversation; an unusable constraint is a ChatError with the conversation as it was."""
-    from edgespec.constraint import Constraint
+    from edgespec.decoding.constraint import Constraint
 
     s = ChatSession(engine, sampling=SamplingParams(temperature=1.0, seed=3), max_tokens=40)
     s.send("first").result()

@@ -13,10 +13,10 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from edgespec.chat import FILE_FORMAT, FILE_VERSION, ChatError, ChatSession, parse_conversation
+from edgespec.runtime.chat import FILE_FORMAT, FILE_VERSION, ChatError, ChatSession, parse_conversation
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 GREEDY = SamplingParams(temperature=0)

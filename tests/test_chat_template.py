@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.chat_template import (
+from edgespec.prompts.chat_template import (
     FALLBACK_TEMPLATE,
     MAX_ITERATIONS,
     MAX_TEMPLATE_CHARS,
@@ -123,7 +123,7 @@ def test_template_errors_are_one_line():
 
 # --------------------------------------------------------------------------------------------- tools
 def test_a_template_with_tools_renders_them_and_their_results_stay_contents():
-    from edgespec.chat_template import renders_tools
+    from edgespec.prompts.chat_template import renders_tools
     from test_structured import QWEN25_TEMPLATE
 
     assert renders_tools(QWEN25_TEMPLATE)

@@ -1,4 +1,4 @@
-"""Constrained generation (edgespec.constraint) through the real llama.cpp on tiny generated models.
+"""Constrained generation (edgespec.decoding.constraint) through the real llama.cpp on tiny generated models.
 
 * Validity: 1,000 seeded generations per constraint type (JSON schema, any JSON object, regex, choice, Lark grammar,
   GBNF grammar), speculative with forced drafts and a draft model, temperature 1: every output that ends (eos)
@@ -25,17 +25,17 @@ import numpy as np
 import pytest
 from shared import chi_square
 
-from edgespec.backend import Model
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.constraint import Constraint, ConstraintError, Matcher, apply_mask
-from edgespec.costs import CostModel
-from edgespec.policy import Controller
-from edgespec.sampling import warp
-from edgespec.speculate import _chain_masks, _tree_masks, speculate
-from edgespec.speculators import ModelSpeculator
+from edgespec.decoding.constraint import Constraint, ConstraintError, Matcher, apply_mask
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.policy import Controller
+from edgespec.decoding.sampling import warp
+from edgespec.runtime.speculate import _chain_masks, _tree_masks, speculate
+from edgespec.drafting import ModelSpeculator
 from edgespec.stats import GenerationStats
 from tiny import token_id, write_tiny_model
-from edgespec.tree import TokenTree
+from edgespec.decoding.tree import TokenTree
 
 SMOKE_N = 5_000
 ALPHA = 1e-3
@@ -77,8 +77,8 @@ def model_speculator(model, sp, k):
 
 
 def suffix_speculator(memory):
-    from edgespec.policy import TreePolicy
-    from edgespec.speculators import SuffixSpeculator
+    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting import SuffixSpeculator
 
     cost = CostModel(FLAT, frozen=True)
     return SuffixSpeculator(memory, TreePolicy(SpecConfig(adaptive=False, draft_max=4), cost, 8, 3, min_gain=0.0))
@@ -222,7 +222,7 @@ EXACT_CASES = [("draft+forced", "T1.0")]
 def test_constrained_speculation_matches_masked_distribution(models, name, how):
     """Generations run to 5 tokens (so that after the forced "x" the suffix tree still has room); the first 3 are
     compared with the enumeration."""
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     sp = EXACT_SETTINGS[name]
     target = models["target"]
@@ -299,7 +299,7 @@ def test_rows_the_grammar_fixes_are_not_computed_and_nothing_changes(models, mon
     """Where a row's mask allows one token, the verify does not ask the target for that row (speculate._known_rows);
     the tokens are the same as when every row is computed, and the logprobs up to float noise: 20 seeds at
     temperature 1.5 and 20 greedy runs, for forced drafts alone, forced drafts with a draft model, and plain steps."""
-    import edgespec.speculate as S
+    import edgespec.runtime.speculate as S
 
     target = models["target"]
     m = matcher(target, Constraint.regex(r"[ab]xyz[a-h]{2}qq"))
@@ -405,7 +405,7 @@ def test_a_dead_end_stops_with_reason_constraint(models):
 def test_logprobs_are_the_same_from_drafts_and_from_plain_decoding(tiny):
     """A seeded generation gives plain decoding's tokens whatever the drafts; their logprobs must match too (the
     target's own distribution at each position), constrained or not."""
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     eng = Engine.load(ModelSpec(str(tiny["target"]), n_ctx=512, n_threads=1), ModelSpec(str(tiny["draft"]), n_ctx=512, n_threads=1),
                       spec=SpecConfig(draft_max=4, adaptive=False), calibrate_costs=False)

@@ -23,11 +23,11 @@ from shared import chi_square
 from test_loop import EOG, FakeModel, FakeTreeModel, run
 
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.estimators import AcceptanceEstimator
-from edgespec.policy import Controller, SiblingPolicy
-from edgespec.speculators import ModelSpeculator, Outcome, make_speculator
-from edgespec.tree import ROOT
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.estimators import AcceptanceEstimator
+from edgespec.drafting.policy import Controller, SiblingPolicy
+from edgespec.drafting import ModelSpeculator, Outcome, make_speculator
+from edgespec.decoding.tree import ROOT
 
 SMOKE_N = 4_000
 ALPHA = 1e-3
@@ -212,7 +212,7 @@ def test_a_sampling_draft_draws_its_siblings_without_replacement():
 
 
 def test_seeded_generations_and_fixed_lengths_draft_chains():
-    from edgespec.sampling import PositionalUniforms
+    from edgespec.decoding.sampling import PositionalUniforms
 
     spec = ModelSpeculator(_UnsureDraft(), SamplingParams(temperature=1.0), speculating(FLAT))
     p = spec.propose(list(range(10)), 8, PositionalUniforms(3))
@@ -253,9 +253,9 @@ def test_greedy_draft_trees_equal_plain():
 
 # -- exactness through the public API, tiny llama.cpp models ---------------------------------------------------
 def _engine(tiny):
-    from edgespec.backend import Model
-    from edgespec.calibration import Calibration
-    from edgespec.engine import Engine
+    from edgespec.llama.backend import Model
+    from edgespec.drafting.calibration import Calibration
+    from edgespec.runtime.engine import Engine
 
     # the draft: the target's own file sampled at temperature 2 (q != p, an unsure draft that is often right: the
     # tiny draft model is accepted so rarely that the controller decodes plainly and never branches)
@@ -291,7 +291,7 @@ def test_draft_trees_are_exact_through_the_engine(tiny, settings):
     the run can be replayed. (T = 0.7 and the exact law of the same trees: test_loop_laws.)"""
     from test_speculate import PROMPT, exact_distribution as exact_llama
 
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
 
     sp = SamplingParams(**settings)
     t = Model(ModelSpec(tiny["target"], n_ctx=64, n_batch=16, n_threads=1))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import edgespec.backend as backend
+import edgespec.llama.backend as backend
 from edgespec import ConfigError, EngineClosedError, QueueFullError
-from edgespec.calibration import Calibration
-from edgespec.chat import ChatSession
+from edgespec.drafting.calibration import Calibration
+from edgespec.runtime.chat import ChatSession
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import SHORT_TOKENS, Engine
-from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN
+from edgespec.runtime.engine import SHORT_TOKENS, Engine
+from edgespec.drafting.costs import GATE_HOLD, GATE_MIN_GAIN
 from tiny import SPECIAL_TOKENS, token_id, write_tiny_model
 from test_policy_decision import DESKTOP, draft_cost_at
 
@@ -581,7 +581,7 @@ def test_every_llama_decode_runs_on_the_engine_thread(tiny, monkeypatch, tmp_pat
     decodes (calibration on the caller's thread, say) leaves more pool threads than cores, libgomp then stops
     spinning at its barriers, and every decode was measured ~40% slower. So loading (calibration included),
     generating and benchmarking must all decode on the engine's one worker thread."""
-    import edgespec.backend as backend
+    import edgespec.llama.backend as backend
 
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     threads = []

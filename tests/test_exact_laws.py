@@ -47,14 +47,14 @@ from exact import (
     sampled_drafts,
     sibling_draws,
 )
-from edgespec import acceptance
-from edgespec.acceptance import accept_coupled, accept_greedy, accept_sampled, expected_acceptance, residual
+from edgespec.decoding import acceptance
+from edgespec.decoding.acceptance import accept_coupled, accept_greedy, accept_sampled, expected_acceptance, residual
 from edgespec.config import SamplingParams
-from edgespec.constraint import apply_mask
-from edgespec.sampling import greedy as greedy_token
-from edgespec.sampling import PositionalUniforms, Probs, sample, sample_at, warp
-from edgespec.speculate import verify
-from edgespec.tree import (
+from edgespec.decoding.constraint import apply_mask
+from edgespec.decoding.sampling import greedy as greedy_token
+from edgespec.decoding.sampling import PositionalUniforms, Probs, sample, sample_at, warp
+from edgespec.runtime.speculate import verify
+from edgespec.decoding.tree import (
     ROOT,
     RngDraws,
     TokenTree,
@@ -938,7 +938,7 @@ def test_planted_bug_in_the_coupled_rule_fails(name: str, edit: tuple[str, str])
     ],
 )
 def test_planted_bug_in_the_greedy_rule_fails(name: str, edit: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import edgespec.speculate as speculate
+    import edgespec.runtime.speculate as speculate
 
     monkeypatch.setattr(speculate, "accept_greedy", mutant(accept_greedy, edit))
     with pytest.raises(AssertionError):
@@ -1052,7 +1052,7 @@ def test_planted_bug_in_rng_draws_fails(edit: tuple[str, str], monkeypatch: pyte
 
 def test_planted_bug_in_sample_fails() -> None:
     """sample_at's inverse CDF not scaled by the row's total (residual rows are unnormalised)."""
-    from edgespec import sampling
+    from edgespec.decoding import sampling
 
     bad = mutant(sampling._inverse_cdf, ("cdf.searchsorted(u * total", "cdf.searchsorted(u"))
     probs = np.array([0.6, 0.0, 0.9, 1.5])

@@ -65,7 +65,7 @@ def test_mode_must_be_a_write_mode(tmp_path: Path) -> None:
 WRITERS = {
     "fsutil": ("old = work / 'f.txt'; old.write_text('old contents')",
                "atomic_write_text(old, 'x' * 10000)"),
-    "calibration": ("from edgespec import calibration as cal\n"
+    "calibration": ("from edgespec.drafting import calibration as cal\n"
                     "cal.store('k0', cal.Calibration({1: 0.03, 2: 0.05}, 0.01, 'measured'))\n"
                     "old = cal.cache_path()",
                     "for i in range(50): cal.store(f'key{i}', cal.Calibration({n: 0.01 * n for n in range(1, 64)}, 0.01, 'measured'))"),
@@ -74,7 +74,7 @@ WRITERS = {
                      "store.write_record(m, '0' * 64)\n"
                      "old = store._record_path(m)",
                      "store.write_record(m, '1' * 64 + 'x' * 5000)"),
-    "suffix memory": ("from edgespec.suffix_index import SuffixIndex\n"
+    "suffix memory": ("from edgespec.drafting.suffix_index import SuffixIndex\n"
                       "ix = SuffixIndex(); ix.add_document(list(range(20)))\n"
                       "old = work / 'memory.bin'; ix.save(old)",
                       "ix.add_document(list(range(5000))); ix.save(old)"),

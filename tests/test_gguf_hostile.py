@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import gguf_rules
+from edgespec.llama import gguf_rules
 from edgespec.errors import ModelFileError
-from edgespec.gguf_check import inspect_gguf
+from edgespec.llama.gguf_check import inspect_gguf
 
 from hostile_files import (ARR, F32, HOSTILE, I32, U8, U32, VALID_CHARSMAP, Tensor, base_docs, mutate, serialize, spm_doc,
                            t5_doc, tiny_doc, write_doc)
@@ -83,7 +83,7 @@ PER_FILE_TIMEOUT_S = 60
 # a file that hangs. With argv[1] == "raw" the header checks are skipped: llama.cpp gets the file as it is.
 RUNNER = r"""
 import signal, sys, types
-from edgespec.backend import Model
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec
 from edgespec.errors import EdgespecError
 raw = sys.argv[1] == "raw"
@@ -260,7 +260,7 @@ def test_special_files(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo)
     # in a subprocess: a reader that opened the FIFO would block forever
-    code = "import sys\nfrom edgespec.gguf_check import inspect_gguf\ntry:\n inspect_gguf(sys.argv[1])\n" \
+    code = "import sys\nfrom edgespec.llama.gguf_check import inspect_gguf\ntry:\n inspect_gguf(sys.argv[1])\n" \
            "except Exception as e:\n print(e)"
     r = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == f"{fifo}: is a FIFO, not a regular file"
@@ -316,7 +316,7 @@ def test_unreadable_file() -> None:
 # ---------------------------------------------------------------- real files stay accepted, quickly
 @pytest.mark.real
 def test_real_pair_is_accepted(real_pair: tuple[Path, Path]) -> None:
-    from edgespec.gguf_check import _inspect_cached
+    from edgespec.llama.gguf_check import _inspect_cached
 
     for path in real_pair:
         _inspect_cached.cache_clear()

@@ -30,9 +30,9 @@ import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
 
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
-from edgespec.costs import CostModel, VerifyCurve  # noqa: E402
-from edgespec.prompt_cache import common_prefix  # noqa: E402
-from edgespec.speculators.model import top_probability  # noqa: E402
+from edgespec.drafting.costs import CostModel, VerifyCurve  # noqa: E402
+from edgespec.llama.prompt_cache import common_prefix  # noqa: E402
+from edgespec.drafting.model import top_probability  # noqa: E402
 
 FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
 CPU = {1: 0.060, 2: 0.096, 4: 0.15, 8: 0.30, 16: 0.60}
@@ -146,9 +146,9 @@ def test_logits_row_ranks_the_recorded_alternatives_next():
 def test_alternatives_are_the_drafts_next_best_tokens(tiny):
     """Format 2: every drafted position carries the draft's next-best tokens after the drafted one, with their
     probabilities, as a real draft ranks them there; add_alternatives gives a format-1 recording the same."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.sampling import greedy
+    from edgespec.decoding.sampling import greedy
 
     prompt = [ord(c) for c in "abc d ab"]
     with Model(ModelSpec(tiny["draft"], n_ctx=512, n_threads=1)) as draft:
@@ -229,7 +229,7 @@ def test_fitted_run_table_is_the_best_table_and_below_the_oracle():
     sequence whose copies are long at long runs and short at short ones."""
     import itertools
 
-    from edgespec.estimators import MatchLengthEstimator
+    from edgespec.drafting.estimators import MatchLengthEstimator
 
     cost = ps.Curve(verify={1: 1.0, 2: 1.5, 3: 1.9, 4: 2.2}, draft=0.0)
     # (run, proposed, accepted): run 2 proposals are mostly wrong, run 8 ones mostly right
@@ -335,7 +335,7 @@ def test_curve_files(tmp_path):
 
 def record_tiny(target, draft, prompt: list[int], n: int) -> tuple[list[int], dict]:
     """The plain greedy trace of `target` after `prompt` (n tokens) and a one-prompt traces file for it (draft_len 8)."""
-    from edgespec.speculate import speculate
+    from edgespec.runtime.speculate import speculate
 
     sampling = SamplingParams(temperature=0)
     plain = [t for st in speculate(target, prompt, sampling, np.random.default_rng(0), max_tokens=n) for t in st.tokens]
@@ -348,10 +348,10 @@ def record_tiny(target, draft, prompt: list[int], n: int) -> tuple[list[int], di
 
 def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
     """Fixed draft length (no timing-dependent decision): the replay's cycle counts equal the real loop's."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.speculate import speculate
-    from edgespec.speculators import make_speculator
+    from edgespec.runtime.speculate import speculate
+    from edgespec.drafting import make_speculator
     from edgespec.stats import GenerationStats
 
     prompt = [ord(c) for c in "abc d ab"]
@@ -378,12 +378,12 @@ def test_replay_reproduces_a_real_run_on_tiny_models(tiny):
 def test_replay_reproduces_a_real_run_of_the_suffix_drafters_on_tiny_models(tiny, monkeypatch):
     """The suffix drafters verify token trees: with a fixed shape the replay's cycles, nodes and accepted tokens equal a
     real run's on tiny models (target loaded with tree sequences, a fresh memory on both sides)."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.speculate import speculate
-    from edgespec.speculators import make_speculator
+    from edgespec.runtime.speculate import speculate
+    from edgespec.drafting import make_speculator
     from edgespec.stats import GenerationStats
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     prompt = [ord(c) for c in "abc d ab abd abc ab"]
     n = 48
@@ -417,7 +417,7 @@ def test_the_replay_of_draft_model_trees_stays_below_the_tree_oracle(tiny):
     """Format-2 traces (the draft's alternatives recorded) on a flat curve: the draft model's chains carry siblings,
     the replay's output is still the trace (run_one checks it), siblings are verified and kept, and neither the policy
     nor the chain oracle beats the tree oracle."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
 
     prompt = [ord(c) for c in "abc d ab abd abc"]
@@ -461,7 +461,7 @@ def test_committed_traces_file():
 def test_synthetic_model_from_a_spec(tiny, tmp_path):
     import synth_model as sm
 
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
     from tiny import write_tiny_model
 

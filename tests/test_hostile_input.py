@@ -18,12 +18,12 @@ import pytest
 
 from edgespec import untrusted
 from edgespec.config import DEFAULT_MAX_JSON_DEPTH, MAX_JSON_DEPTH_ENV, max_json_depth
-from edgespec.constraint import MAX_CHOICES, Constraint, ConstraintError
+from edgespec.decoding.constraint import MAX_CHOICES, Constraint, ConstraintError
 from edgespec.errors import ConfigError, EdgespecError
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER, header_safe
 from edgespec.server.routes_responses import ResponseStore, Stored
-from edgespec.structured import check_tools, tool_messages
+from edgespec.decoding.structured import check_tools, tool_messages
 
 from test_server import ServerThread, load
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from edgespec import backend
-from edgespec.backend import Model, SpecialSplitter
+from edgespec.llama import backend
+from edgespec.llama.backend import Model, SpecialSplitter
 from edgespec.config import ModelSpec
 from edgespec.errors import EngineClosedError
 from tiny import FIM_TOKENS, SPECIAL_TOKENS, write_tiny_model
@@ -95,9 +95,9 @@ def test_resuming_many_short_messages_renders_log_n_times(tiny, tmp_path, monkey
     count in turn: 193 s), and drops what the one-by-one search dropped (the fewest turns that leave half the room)."""
     import json
 
-    from edgespec.chat import FILE_FORMAT, FILE_VERSION, ChatSession
+    from edgespec.runtime.chat import FILE_FORMAT, FILE_VERSION, ChatSession
     from edgespec.config import SamplingParams
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(2000)]
     p = tmp_path / "long.json"
@@ -126,9 +126,9 @@ def test_a_conversation_saved_with_a_bigger_vocabulary_loads_with_a_note(tiny, t
     """Ids beyond this vocabulary, saved for another one: the messages load, the cache is rebuilt, a note says so."""
     import json
 
-    from edgespec.chat import ChatSession
+    from edgespec.runtime.chat import ChatSession
     from edgespec.config import SamplingParams
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     with Engine.load(ModelSpec(str(tiny["mismatch_size"]), n_ctx=256, n_threads=1), calibrate_costs=False, memory=False) as big:
         s = ChatSession(big, sampling=SamplingParams(temperature=0, seed=1), max_tokens=4)
@@ -146,7 +146,7 @@ def test_a_conversation_saved_with_a_bigger_vocabulary_loads_with_a_note(tiny, t
 # --------------------------------------------------------------------------------------------- item 5: text limits
 @pytest.fixture(scope="module")
 def fim_engine(tmp_path_factory):
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
     from tiny import write_tiny_fim_pair
 
     files = write_tiny_fim_pair(tmp_path_factory.mktemp("fimpair"))
@@ -156,7 +156,7 @@ def fim_engine(tmp_path_factory):
 
 def _reference_layout(eng, prefix, suffix, extra, reserve):
     """infill_tokens as it was: every text tokenized whole, the layout cuts."""
-    from edgespec.infill import FILE_NAME, REPO_NAME, fim_layout
+    from edgespec.prompts.infill import FILE_NAME, REPO_NAME, fim_layout
 
     def tok(t):
         return eng.target.tokenize(t, parse_special=False) if t else []
@@ -186,7 +186,7 @@ def test_infill_tokenizes_only_what_the_context_can_keep(fim_engine):
 
 def test_too_many_extra_chunks_are_refused(fim_engine):
     from edgespec.errors import ConfigError
-    from edgespec.infill import MAX_EXTRA_CHUNKS
+    from edgespec.prompts.infill import MAX_EXTRA_CHUNKS
 
     with pytest.raises(ConfigError, match=f"at most {MAX_EXTRA_CHUNKS}"):
         fim_engine.infill_tokens("a", "b", extra=["x"] * (MAX_EXTRA_CHUNKS + 1))
@@ -237,7 +237,7 @@ def test_seeded_output_is_the_same_cold_warm_and_plain_where_logits_do_not_depen
     import numpy as np
 
     from edgespec.config import SamplingParams
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     with Model(ModelSpec(str(tiny["target"]), n_ctx=128, n_batch=64, n_threads=1)) as m:
         toks = m.tokenize("the cat sat on the mat and then it")

@@ -9,10 +9,10 @@ from click.testing import CliRunner
 
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.errors import ConfigError
-from edgespec.infill import ExtraChunk, FimTokens, fim_layout
-from edgespec.ngram import NgramIndex
+from edgespec.prompts.infill import ExtraChunk, FimTokens, fim_layout
+from edgespec.drafting.ngram import NgramIndex
 from tiny import FIM_TOKENS, MERGES, SPECIAL_TOKENS, write_tiny_fim_pair
 
 GREEDY = SamplingParams(temperature=0)

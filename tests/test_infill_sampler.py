@@ -18,16 +18,16 @@ import math
 import numpy as np
 import pytest
 
-from edgespec.backend import Model
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.costs import CostModel
+from edgespec.drafting.costs import CostModel
 from edgespec.errors import ConfigError
-from edgespec.infill import InfillVocab, infill_filter
-from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, NgramPolicy
-from edgespec.sampling import PositionalUniforms, warp
-from edgespec.speculate import speculate
-from edgespec.speculators import LookupSpeculator, ModelSpeculator
+from edgespec.prompts.infill import InfillVocab, infill_filter
+from edgespec.drafting.ngram import NgramIndex
+from edgespec.drafting.policy import Controller, NgramPolicy
+from edgespec.decoding.sampling import PositionalUniforms, warp
+from edgespec.runtime.speculate import speculate
+from edgespec.drafting import LookupSpeculator, ModelSpeculator
 from edgespec.stats import GenerationStats
 from tiny import token_id, write_tiny_model
 
@@ -289,9 +289,9 @@ def _speculator(kind, models, sp):
     if kind == "lookup":
         cost = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8, 16: 2.5}, frozen=True)
         return LookupSpeculator(NgramIndex(4, 1), NgramPolicy(SpecConfig(), cost))
-    from edgespec.policy import TreePolicy
-    from edgespec.speculators import SuffixSpeculator
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting import SuffixSpeculator
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     return SuffixSpeculator(SuffixIndex(), TreePolicy(SpecConfig(adaptive=False, draft_max=4), flat, 8, 3, min_gain=0.0))
 

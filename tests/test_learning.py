@@ -1,4 +1,4 @@
-"""The learning state (edgespec.learning.LearningState): what an engine carries from one generation to the next, one
+"""The learning state (edgespec.drafting.learning.LearningState): what an engine carries from one generation to the next, one
 object that the engine and the replay (research/predict_speedup.py) both drive, so that the replay cannot drift.
 
 * Its methods: a new calibration starts the costs, the gate and the guards over and keeps the estimates and the memory;
@@ -15,13 +15,13 @@ import pytest
 
 from test_gpu_tools import FLAT, ps, record_tiny, synthetic_data
 
-from edgespec.calibration import Calibration
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.learning import LearningState
-from edgespec.policy import RateGuard
-from edgespec.speculators import GuardedSpeculator, HybridSpeculator, LookupSpeculator, unguarded
-from edgespec.suffix_index import SuffixIndex
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.learning import LearningState
+from edgespec.drafting.policy import RateGuard
+from edgespec.drafting import GuardedSpeculator, HybridSpeculator, LookupSpeculator, unguarded
+from edgespec.drafting.suffix_index import SuffixIndex
 
 GREEDY = SamplingParams(temperature=0)
 CPU = {1: 0.060, 2: 0.096, 4: 0.15, 8: 0.30, 16: 0.60}  # no draft model pays here
@@ -81,9 +81,9 @@ def test_a_generation_is_built_on_the_state_and_hands_its_draft_cost_and_gate_ba
 def test_the_engine_and_the_replay_drive_the_same_class(tiny, monkeypatch):
     """The replay's state IS the engine's class (no copy of it), and both call its generation methods: once per
     generation on the engine, once per replayed prompt and drafter kind in the replay."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     assert not hasattr(ps, "EngineState")
     assert type(ps.new_state(ps.Curve(verify=dict(FLAT), draft=0.001))) is LearningState
@@ -115,9 +115,9 @@ def test_two_generations_teach_the_engine_and_the_replay_alike(tiny, kind, adapt
     Adaptive, on the costs the engine fixed (a flat curve: the draft model pays) that the replay charges (and learns
     from its virtual clock): the same cycles, estimator counts, gate and guard counts (verdicts, samples, held
     tokens)."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     prompt = [ord(c) for c in "abc d ab"]
     n = 48

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SpecConfig, check_tree_fits
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.errors import ConfigError, ContextFullError
-from edgespec.generation import check_timeout
+from edgespec.runtime.generation import check_timeout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +45,7 @@ def test_a_batch_smaller_than_the_tree_is_a_config_error_not_a_signal(tiny, load
     """llama.cpp aborts the process (SIGABRT, n_outputs_max) on these: run them in a child process."""
     p = run_child(f"""
         from edgespec import Engine, ModelSpec, SpecConfig
-        from edgespec.backend import Model
+        from edgespec.llama.backend import Model
         from edgespec.errors import ConfigError
         T, D = {str(tiny["target"])!r}, {str(tiny["draft"])!r}
         try:
@@ -153,7 +153,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(engine):
         engine.generate(huge)
     with pytest.raises(ContextFullError, match="far more than a context"):
         engine.generate(messages=[{"role": "user", "content": huge}])
-    from edgespec.chat import ChatContextError, ChatSession
+    from edgespec.runtime.chat import ChatContextError, ChatSession
 
     with pytest.raises(ChatContextError, match="does not fit"):
         ChatSession(engine).send(huge)

@@ -75,7 +75,7 @@ def test_paired_steps_decode_the_same_tokens_in_every_layer(tiny):
     import numpy as np
 
     import plain_speed
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
 
     path = str(tiny["target"])

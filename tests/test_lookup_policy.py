@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from edgespec.config import SpecConfig
-from edgespec.costs import CostModel
-from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, MatchLengthEstimator, NgramPolicy
-from edgespec.speculators import HybridSpeculator, LookupSpeculator, Outcome, Proposal, make_speculator
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.ngram import NgramIndex
+from edgespec.drafting.policy import Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.drafting import HybridSpeculator, LookupSpeculator, Outcome, Proposal, make_speculator
 
 # The CPU curve measured on this project's 2-core machine (relative to one token).
 CPU = {1: 1.0, 2: 1.62, 3: 1.71, 4: 2.37, 5: 2.64, 6: 4.03, 8: 5.05, 16: 6.66}

@@ -17,9 +17,9 @@ from fakes import V, FakeModel, FakeTreeModel, exact_distribution
 
 from edgespec.config import SamplingParams
 from edgespec.errors import ContextFullError
-from edgespec.sampling import PositionalUniforms, sample, warp
-from edgespec.speculate import speculate
-from edgespec.speculators import Outcome, Proposal
+from edgespec.decoding.sampling import PositionalUniforms, sample, warp
+from edgespec.runtime.speculate import speculate
+from edgespec.drafting import Outcome, Proposal
 from edgespec.stats import GenerationStats
 
 EOG = 7
@@ -229,7 +229,7 @@ def test_bad_inputs_are_config_errors():
 
 
 def test_the_loop_imports_without_llama_cpp():
-    code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.speculate, edgespec.speculators, edgespec.costs, edgespec.policy"
+    code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.runtime.speculate, edgespec.drafting.costs, edgespec.drafting.policy"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=60)
     assert p.returncode == 0, p.stderr
 
@@ -245,7 +245,7 @@ class TreeSpeculator:
         self.target, self.sampled, self.extra = target, sampled, extra
 
     def propose(self, context, budget, rng):
-        from edgespec.tree import TokenTree, sample_children
+        from edgespec.decoding.tree import TokenTree, sample_children
 
         tree = TokenTree()
 

@@ -22,18 +22,18 @@ import pytest
 from shared import SETTINGS
 from fakes import FakeModel, FakeTreeModel, exact_distribution, generation_law, marginal, max_gap
 
-import edgespec.speculate as spec_mod
-from edgespec.acceptance import Verdict
+import edgespec.runtime.speculate as spec_mod
+from edgespec.decoding.acceptance import Verdict
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.estimators import MatchLengthEstimator
-from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, NgramPolicy, TreePolicy
-from edgespec.sampling import sample, warp
-from edgespec.speculate import speculate
-from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator, SuffixSpeculator
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.estimators import MatchLengthEstimator
+from edgespec.drafting.ngram import NgramIndex
+from edgespec.drafting.policy import Controller, NgramPolicy, TreePolicy
+from edgespec.decoding.sampling import sample, warp
+from edgespec.runtime.speculate import speculate
+from edgespec.drafting import HybridSpeculator, LookupSpeculator, ModelSpeculator, SuffixSpeculator
 from edgespec.stats import GenerationStats
-from edgespec.suffix_index import SuffixIndex
+from edgespec.drafting.suffix_index import SuffixIndex
 
 TOL = 1e-9
 SEQ_LEN = 3
@@ -238,7 +238,7 @@ def test_a_broken_tree_rule_is_caught(monkeypatch):
     """The control: a tree rule that always keeps the first child's path moves the law far past TOL."""
     from test_loop import TreeSpeculator
 
-    from edgespec.tree import RngDraws, TreeVerdict
+    from edgespec.decoding.tree import RngDraws, TreeVerdict
 
     def broken(tree, rows, rng):
         path, node = [], -1
@@ -308,7 +308,7 @@ EXACT_REGEX = r"[abc]x[a-e ]{1,2}"
 
 @pytest.fixture(scope="module")
 def constraint_vocab():
-    from edgespec.constraint import Vocabulary
+    from edgespec.decoding.constraint import Vocabulary
 
     return Vocabulary(CONSTRAINT_TOKENS, [END], [END], lambda text: [CONSTRAINT_TOKENS.index(ch.encode()) for ch in text])
 
@@ -331,7 +331,7 @@ def test_constrained_generations_are_exact(constraint_vocab, how, name):
     over: plain constrained sampling; a draft model (k = 2, its q masked too) with and without the forced "x" as a
     deterministic draft; suffix-index trees after the forced token (every sibling kind the tree rule meets: forced,
     deterministic candidates, forbidden candidates never decoded)."""
-    from edgespec.constraint import Constraint, Matcher
+    from edgespec.decoding.constraint import Constraint, Matcher
 
     sp = {"T1.0": SamplingParams(temperature=1.0), "T1.0-topk3": SamplingParams(temperature=1.0, top_k=3),
           "T1.5-topp0.9": SamplingParams(temperature=1.5, top_p=0.9)}[name]

@@ -716,5 +716,5 @@ def test_build_carries_manifests_and_bench_suites(tmp_path):
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     manifests = {f"edgespec/models/manifests/{p.name}" for p in (ROOT / "edgespec/models/manifests").glob("*.json")}
     assert manifests and manifests <= names
-    assert "edgespec/bench_suites.json" in names
+    assert "edgespec/bench/suites.json" in names
     assert {f"edgespec/models/{n}.py" for n in ("__init__", "manifest", "store", "locks", "index", "pull")} <= names

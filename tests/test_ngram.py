@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from edgespec.ngram import NgramIndex, NgramMatch
+from edgespec.drafting.ngram import NgramIndex, NgramMatch
 
 
 def reference_match(

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import GATE_HOLD, GATE_MIN_GAIN, CostModel, best_rate, draft_model_pays, speculation_ceiling
-from edgespec.estimators import AcceptanceEstimator
-from edgespec.ngram import NgramIndex
-from edgespec.policy import LATE_PROBE_BUDGET, Controller, NgramPolicy, TreePolicy
-from edgespec.prompt_cache import common_prefix
-from edgespec.speculators import (
+from edgespec.drafting.costs import GATE_HOLD, GATE_MIN_GAIN, CostModel, best_rate, draft_model_pays, speculation_ceiling
+from edgespec.drafting.estimators import AcceptanceEstimator
+from edgespec.drafting.ngram import NgramIndex
+from edgespec.drafting.policy import LATE_PROBE_BUDGET, Controller, NgramPolicy, TreePolicy
+from edgespec.llama.prompt_cache import common_prefix
+from edgespec.drafting import (
     HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, draft_gate_open, make_speculator,
 )
-from edgespec.suffix_index import SuffixIndex
-from edgespec.speculators.model import top_probability
+from edgespec.drafting.suffix_index import SuffixIndex
+from edgespec.drafting.model import top_probability
 
 # Relative verify costs (one token = 1): a GPU-like flat curve, a curve with a cliff (A100 shape: 9 tokens cost 3.9x
 # one), and this project's 2-core CPU (almost linear).

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.policy import Controller, RateGuard
-from edgespec.speculate import speculate
-from edgespec.speculators import GuardedSpeculator, ModelSpeculator, Outcome, guarded, unguarded
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.policy import Controller, RateGuard
+from edgespec.runtime.speculate import speculate
+from edgespec.drafting import GuardedSpeculator, ModelSpeculator, Outcome, guarded, unguarded
 from edgespec.stats import GenerationStats
 
 from test_loop import FakeModel, OracleSpeculator

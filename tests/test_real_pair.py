@@ -53,7 +53,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine(real_pair):
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     target, draft = real_pair
     # Fixed K: every cycle speculates, so the identity is tested on real verify batches (the adaptive controller
@@ -140,7 +140,7 @@ def count_tree_decodes(engine) -> list[int]:
 def test_greedy_identity_of_token_trees(real_pair):
     """The suffix drafter with a fixed tree shape (8 nodes, 3 wide): its memory holds the earlier answers, so the
     trees are real (counted at the backend) and mostly accepted; the output is plain decoding's up to near-ties."""
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     target, _ = real_pair
     spec = SpecConfig(adaptive=False, tree_nodes=8, tree_width=3)
@@ -157,7 +157,7 @@ def test_greedy_identity_of_draft_model_trees(real_pair):
     """The draft model's chains with siblings (draft-model trees) on the fixed flat curve of an uncalibrated engine, where
     every verify row is free: the unsure positions get the draft's next-best tokens beside them (trees counted at the
     backend, siblings kept); the output is plain decoding's up to near-ties."""
-    from edgespec.engine import Engine
+    from edgespec.runtime.engine import Engine
 
     target, draft = real_pair
     with Engine.load(ModelSpec(target, n_ctx=1024), ModelSpec(draft, n_ctx=1024), drafter="model",

@@ -1,4 +1,4 @@
-"""The one generation request (edgespec.request): what it checks when built, the one place "auto" is resolved, the
+"""The one generation request (edgespec.runtime.request): what it checks when built, the one place "auto" is resolved, the
 drafter kinds as a str Enum, the one default sampling, and Engine.start running a request as Engine.stream does."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from edgespec import DEFAULT_SAMPLING, ConfigError, DrafterKind, GenerationRequest, InfillPrompt, SamplingParams
-from edgespec.request import AUTO, resolve_drafter
-from edgespec.speculators import KINDS, MODEL_KINDS, TREE_KINDS
+from edgespec.runtime.request import AUTO, resolve_drafter
+from edgespec.drafting import KINDS, MODEL_KINDS, TREE_KINDS
 from test_engine import GREEDY, PROMPTS, make_engine
 
 
@@ -121,7 +121,7 @@ def test_start_runs_a_request_as_stream_does(tiny):
 
 
 def test_the_library_and_the_chat_default_to_the_default_sampling(tiny):
-    from edgespec.chat import ChatSession
+    from edgespec.runtime.chat import ChatSession
 
     with make_engine(tiny, drafter="none", draft=None) as e:
         assert ChatSession(e).sampling is DEFAULT_SAMPLING

@@ -1,4 +1,4 @@
-"""The target's layers on llama.cpp RPC servers (edgespec/rpc.py): two `edgespec rpc-server` processes on loopback
+"""The target's layers on llama.cpp RPC servers (edgespec/llama/rpc.py): two `edgespec rpc-server` processes on loopback
 serve a tiny target, whose output must equal the local run token for token (greedy, seeded sampling, speculative
 with a local draft); endpoints that cannot be used are one clear error, never the abort llama.cpp would raise.
 
@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-import edgespec.backend as backend
-from edgespec import rpc
-from edgespec.calibration import Calibration
+import edgespec.llama.backend as backend
+from edgespec.llama import rpc
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.errors import BackendError, ConfigError
 from rpc_process import RpcServer, free_port
 from shared import ROOT, run_child
@@ -144,7 +144,7 @@ def test_the_layers_are_on_the_servers(tiny, servers):
 
 def _buffers(tiny, servers: list[str], split: str) -> dict[str, float]:
     """MiB of the tiny target's weights per device, as llama.cpp's load log says, loaded with --tensor-split `split`."""
-    code = ("from edgespec import backend; from edgespec.config import ModelSpec; "
+    code = ("from edgespec.llama import backend; from edgespec.config import ModelSpec; "
             f"backend.Model(ModelSpec({str(tiny['target'])!r}, n_ctx=64, n_threads=1, rpc={servers!r}, tensor_split={split!r}), parallel=1).close()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "EDGESPEC_VERBOSE": "1"})
@@ -224,7 +224,7 @@ def test_an_unreachable_server_is_one_error_not_an_abort(tiny):
     """llama.cpp aborts the process (SIGABRT) on a server it cannot connect to: the probe says so first."""
     port = free_port()  # nothing listens there
     r = run_child(f"""
-        from edgespec import backend
+        from edgespec.llama import backend
         from edgespec.config import ModelSpec
         from edgespec.errors import BackendError
         try:
@@ -279,10 +279,10 @@ _LOADED_CHILD = """
 import sys
 import time
 from edgespec import BackendLostError
-from edgespec import backend
-from edgespec.calibration import Calibration
+from edgespec.llama import backend
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 t = backend.Model(ModelSpec({target!r}, n_ctx=512, n_batch=64, n_threads=1, rpc=[{endpoint!r}]))
 eng = Engine(t, None, drafter="none", spec=SpecConfig(draft_max=4, adaptive=False), calibration=Calibration({{1: 1e-3, 16: 1.05e-3}}, 2e-4, "fixed"))
 print("loaded", flush=True)
@@ -413,10 +413,10 @@ _PREFILL_CHILD = """
 import sys
 import time
 from edgespec import BackendLostError
-from edgespec import backend
-from edgespec.calibration import Calibration
+from edgespec.llama import backend
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 t = backend.Model(ModelSpec({target!r}, n_ctx=512, n_batch=16, n_threads=1, rpc=[{endpoint!r}]))
 eng = Engine(t, None, drafter="none", spec=SpecConfig(draft_max=4, adaptive=False), calibration=Calibration({{1: 1e-3, 16: 1.05e-3}}, 2e-4, "fixed"))
 print("loaded", flush=True)

@@ -27,7 +27,7 @@ import predict_speedup as ps  # noqa: E402
 import record_traces as rt  # noqa: E402
 
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
-from edgespec.sampling import warp  # noqa: E402
+from edgespec.decoding.sampling import warp  # noqa: E402
 
 FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
 SETTINGS = {"temperature": 1.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -158,9 +158,9 @@ def test_no_policy_beats_the_expected_oracle_on_a_long_recording():
 def test_the_recorder_on_tiny_models(tiny):
     """record_sampled through llama.cpp (a tiny pair): the top rows' probabilities are the softmax of the model's
     logits, and the replay's rebuilt rows give the recorded acceptance rates."""
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
-    from edgespec.speculate import speculate
+    from edgespec.runtime.speculate import speculate
 
     prompt = [ord(c) for c in "abc d ab abd abc"]
     with Model(ModelSpec(tiny["target"], n_ctx=512, n_threads=1)) as target, \

@@ -1,4 +1,4 @@
-"""edgespec.sampling against brute-force references (full sorts, Python loops), and the exact law of sample()
+"""edgespec.decoding.sampling against brute-force references (full sorts, Python loops), and the exact law of sample()
 (every inverse-CDF cell of its uniform probed, tests/exact.py; more in tests/test_exact_laws.py). No statistical tests.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from edgespec.config import SamplingParams
-from edgespec.sampling import apply_penalties, greedy, sample, top_k_indices, top_p_mask, warp
+from edgespec.decoding.sampling import apply_penalties, greedy, sample, top_k_indices, top_p_mask, warp
 from exact import cdf_cells, run_cell
 
 

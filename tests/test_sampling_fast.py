@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.acceptance import accept_sampled, expected_acceptance, residual
+from edgespec.decoding.acceptance import accept_sampled, expected_acceptance, residual
 from edgespec.config import SamplingParams
-from edgespec.sampling import Probs, _top_k_candidates, sample_at, top_k_indices, warp, warp_probs
+from edgespec.decoding.sampling import Probs, _top_k_candidates, sample_at, top_k_indices, warp, warp_probs
 
 N_ROWS = 40  # random rows per setting
 SETTINGS = [

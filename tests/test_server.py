@@ -24,10 +24,10 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
-import edgespec.backend as backend
+import edgespec.llama.backend as backend
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.server import Settings, create_app
 from tiny import token_id, write_tiny_model
 

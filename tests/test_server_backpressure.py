@@ -23,7 +23,7 @@ from serve_process import ServeProcess
 from stalled_clients import metrics, soak, stalled_body, stalled_request
 
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.server.core import ServerState, Settings
 from edgespec.server.schema import APIError
 

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER
 from tiny import token_id, write_tiny_fim_pair, write_tiny_model
@@ -388,7 +388,7 @@ def test_agents_sdk_runs_both_tool_calls_of_one_answer(srv, monkeypatch, api, st
     request's tool constraint is replaced by a grammar of the next answer (as in test_structured_server.py), so the
     server's own reading of the answer and the SDK's handling of it are what is tested."""
     import agents  # openai-agents, a test dependency
-    from edgespec.constraint import Constraint
+    from edgespec.decoding.constraint import Constraint
     from edgespec.server import schema
 
     final = "Both sunny."

@@ -17,9 +17,9 @@ import ollama
 import pytest
 
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.errors import ConfigError
-from edgespec.infill import indent_cut
+from edgespec.prompts.infill import indent_cut
 from edgespec.server import create_app
 from edgespec.server.responses import IGNORED_HEADER
 from edgespec.server.routes_llamacpp import pick_fields
@@ -157,7 +157,7 @@ def test_an_editors_completion_does_not_wait_behind_a_long_generation(srv, engin
     ends, instead of after."""
     import threading
 
-    from edgespec.request import GenerationRequest
+    from edgespec.runtime.request import GenerationRequest
 
     go = threading.Event()
     long = engine.start(GenerationRequest(prompt="def long(x):", sampling=GREEDY, max_tokens=1500,

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-import edgespec.backend as backend
-from edgespec.calibration import Calibration
+import edgespec.llama.backend as backend
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import SHORT_TOKENS, Engine
-from edgespec.request import GenerationRequest
+from edgespec.runtime.engine import SHORT_TOKENS, Engine
+from edgespec.runtime.request import GenerationRequest
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=4321)

@@ -18,13 +18,13 @@ import pytest
 from shared import chi_square
 from test_speculate import exact_distribution  # the target's law, enumerated through llama.cpp
 
-import edgespec.backend as backend
-from edgespec.backend import DecodePart, Model
-from edgespec.calibration import Calibration
+import edgespec.llama.backend as backend
+from edgespec.llama.backend import DecodePart, Model
+from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.errors import ConfigError, ContextFullError
-from edgespec.request import GenerationRequest
+from edgespec.runtime.request import GenerationRequest
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=4321)
@@ -224,7 +224,7 @@ def test_slot_views_and_decode_parts(slot_model):
 def test_worker_rounds_without_llama():
     """The worker alone, with fake generations: every round gives each active one a turn, a short one two while a long
     one runs; their requests reach execute together."""
-    from edgespec.generation import Job, Worker
+    from edgespec.runtime.generation import Job, Worker
 
     batches: list[list[str]] = []
     log: list[str] = []
@@ -263,7 +263,7 @@ def test_drafts_are_planned_for_the_batch_as_a_whole():
     """CostModel.others (rows other generations put in the same decode): on a flat, GPU-like curve a generation pays
     a share of one row plus everything its drafts add to the shared decode, so it drafts shorter beside others; on a
     linear curve that is what it pays alone, and nothing changes."""
-    from edgespec.costs import CostModel, best_k
+    from edgespec.drafting.costs import CostModel, best_k
 
     a = [0.8] * 12
     flat = CostModel({1: 1.0, 64: 1.3}, c_draft=0.02)

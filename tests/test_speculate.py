@@ -24,16 +24,16 @@ import numpy as np
 import pytest
 from shared import SETTINGS, chi_square
 
-import edgespec.speculate as spec_mod
-from edgespec.acceptance import Verdict
-from edgespec.backend import Model
+import edgespec.runtime.speculate as spec_mod
+from edgespec.decoding.acceptance import Verdict
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
-from edgespec.costs import CostModel
-from edgespec.ngram import NgramIndex
-from edgespec.policy import Controller, MatchLengthEstimator, NgramPolicy
-from edgespec.sampling import sample, warp
-from edgespec.speculate import speculate
-from edgespec.speculators import HybridSpeculator, LookupSpeculator, ModelSpeculator
+from edgespec.drafting.costs import CostModel
+from edgespec.drafting.ngram import NgramIndex
+from edgespec.drafting.policy import Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.decoding.sampling import sample, warp
+from edgespec.runtime.speculate import speculate
+from edgespec.drafting import HybridSpeculator, LookupSpeculator, ModelSpeculator
 from edgespec.stats import GenerationStats
 
 SMOKE_N = 5_000
@@ -72,9 +72,9 @@ def lookup_speculator(policy: NgramPolicy | None = None, n_max: int = 4, **spec)
 def suffix_speculator(adaptive: bool = False, memory=None):
     """Suffix-index lookups verified as trees: a fixed shape (the best 8 candidates, width 3) or chosen from a
     cheap-verify curve, so that trees are really verified."""
-    from edgespec.policy import TreePolicy
-    from edgespec.speculators import SuffixSpeculator
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting import SuffixSpeculator
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     cost = CostModel({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.3}, frozen=True)
     spec = SpecConfig(adaptive=adaptive, draft_max=4)
@@ -189,7 +189,7 @@ def test_distribution_identity_model_draft(models, name):
 def reference_seeded(target: Model, prompt: list[int], sp: SamplingParams, n: int) -> list[int]:
     """Plain seeded decoding by its definition: the token at position t is sample_at(warp(row), at(t)), at(t) being
     PositionalUniforms(seed)'s uniform for t (stopping at an end token)."""
-    from edgespec.sampling import PositionalUniforms, sample_at
+    from edgespec.decoding.sampling import PositionalUniforms, sample_at
 
     u = PositionalUniforms(sp.seed)
     ctx = list(prompt)
@@ -215,8 +215,8 @@ def test_seeded_identity_through_the_engine(tiny, models, drafter, settings):
     and the law of the reference over seeds is the target's since the uniforms are i.i.d.: test_sampling.)"""
     from dataclasses import replace
 
-    from edgespec.calibration import Calibration
-    from edgespec.engine import Engine
+    from edgespec.drafting.calibration import Calibration
+    from edgespec.runtime.engine import Engine
 
     sp0 = SamplingParams(**settings)
     prompt = PROMPT if drafter != "ngram" else [ord(c) for c in "abc dabc"]  # a lookup needs a repeat to match
@@ -247,7 +247,7 @@ def test_distribution_identity_token_trees(models, name):
     """Chi-square smoke test (SMOKE_N, ALPHA): suffix-index trees (width 3, up to 8 nodes) verified in one decode,
     with one memory shared by all N runs (so candidates come from earlier sequences too). Every setting as an exact
     law: test_loop_laws.test_suffix_trees_are_exact."""
-    from edgespec.suffix_index import SuffixIndex
+    from edgespec.drafting.suffix_index import SuffixIndex
 
     sp = SETTINGS[name]
     exact = exact_distribution(models["target"], PROMPT, sp, SEQ_LEN)

@@ -1,4 +1,4 @@
-"""edgespec.structured and edgespec.constraint without a model: request fields -> constraints, tool calls in and out,
+"""edgespec.decoding.structured and edgespec.decoding.constraint without a model: request fields -> constraints, tool calls in and out,
 and the matcher on a byte vocabulary."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.constraint import Constraint, ConstraintError, Matcher, Vocabulary, apply_mask
-from edgespec.structured import (
+from edgespec.decoding.constraint import Constraint, ConstraintError, Matcher, Vocabulary, apply_mask
+from edgespec.decoding.structured import (
     ToolCallSplitter,
     check_tool_choice,
     check_tools,

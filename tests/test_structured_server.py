@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from edgespec.config import ModelSpec, SpecConfig
-from edgespec.engine import Engine
+from edgespec.runtime.engine import Engine
 from edgespec.server import create_app
 from tiny import token_id, write_tiny_model
 
@@ -325,7 +325,7 @@ def answers(monkeypatch):
     """The tiny model made to write exactly the answer set in holder["text"]: tool_choice "auto"'s constraint is
     replaced by a grammar of that one text (the tiny model writes one character per token), so the routes' own
     reading of the answer is what is tested."""
-    from edgespec.constraint import Constraint
+    from edgespec.decoding.constraint import Constraint
     from edgespec.server import schema
 
     holder: dict[str, str] = {}
@@ -430,7 +430,7 @@ def qwen_srv(tmp_path_factory):
 
 
 def test_the_template_renders_the_tools_and_results_itself(qwen_srv):
-    from edgespec.structured import check_tools, tool_history
+    from edgespec.decoding.structured import check_tools, tool_history
 
     _, eng = qwen_srv
     msgs = tool_history([

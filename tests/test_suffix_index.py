@@ -1,4 +1,4 @@
-"""edgespec.suffix_index: multi-candidate proposals from everything seen, against a brute-force reference; eviction,
+"""edgespec.drafting.suffix_index: multi-candidate proposals from everything seen, against a brute-force reference; eviction,
 divergent contexts, persistence (damaged files are ignored with one warning), and work per lookup that does not
 grow with the number of indexed tokens (counted, not timed). Fixed seeds throughout."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec import suffix_index as si
-from edgespec.suffix_index import FORMAT_VERSION, LADDER, MAGIC, SuffixIndex, default_path
-from edgespec.tree import ROOT
-from edgespec.tree_shape import best_tree, positional_acceptance
-from edgespec.costs import CostModel
+from edgespec.drafting import suffix_index as si
+from edgespec.drafting.suffix_index import FORMAT_VERSION, LADDER, MAGIC, SuffixIndex, default_path
+from edgespec.decoding.tree import ROOT
+from edgespec.drafting.tree_shape import best_tree, positional_acceptance
+from edgespec.drafting.costs import CostModel
 
 
 # ------------------------------------------------------------------------------------------------ reference

@@ -1,10 +1,10 @@
-"""The thread choice (edgespec.threads) as a pure decision on fake timings, and the backend's use of it."""
+"""The thread choice (edgespec.llama.threads) as a pure decision on fake timings, and the backend's use of it."""
 
 from __future__ import annotations
 
 import pytest
 
-from edgespec.threads import LARGE_FROM, ThreadTuner, candidate_counts, work
+from edgespec.llama.threads import LARGE_FROM, ThreadTuner, candidate_counts, work
 
 
 class FakeMachine:
@@ -110,7 +110,7 @@ def test_a_single_candidate_is_fixed():
 
 # --------------------------------------------------------------------------------------------- the backend
 def test_a_user_given_thread_count_is_never_changed(tiny):
-    from edgespec.backend import Model
+    from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
 
     with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=2)) as m:
@@ -122,7 +122,7 @@ def test_a_user_given_thread_count_is_never_changed(tiny):
 
 
 def test_auto_threads_choose_among_candidates_and_pin_during_measurements(tiny, monkeypatch):
-    import edgespec.backend as B
+    import edgespec.llama.backend as B
     from edgespec.config import ModelSpec
 
     monkeypatch.setattr(B, "default_threads", lambda: 2)
@@ -153,7 +153,7 @@ def test_generation_stats_report_the_threads(tiny):
 
 
 def test_warm_threads_compares_the_counts_before_costs_are_measured(tiny, monkeypatch):
-    import edgespec.backend as B
+    import edgespec.llama.backend as B
     from edgespec.config import ModelSpec
 
     monkeypatch.setattr(B, "default_threads", lambda: 2)

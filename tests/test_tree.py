@@ -1,4 +1,4 @@
-"""edgespec.tree: exact acceptance on token trees must reproduce the target's distribution whatever the tree.
+"""edgespec.decoding.tree: exact acceptance on token trees must reproduce the target's distribution whatever the tree.
 
 * Exact enumeration: on vocabularies of 4-5 tokens, with target and draft rows that depend on the whole path, every
   draft realisation of a tree shape (all i.i.d. / without-replacement draws, duplicates included) is enumerated
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from edgespec.acceptance import residual
-from edgespec.sampling import PositionalUniforms, sample_at
-from edgespec.tree import (
+from edgespec.decoding.acceptance import residual
+from edgespec.decoding.sampling import PositionalUniforms, sample_at
+from edgespec.decoding.tree import (
     ROOT,
     Draws,
     TokenTree,

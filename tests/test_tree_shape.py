@@ -1,4 +1,4 @@
-"""edgespec.tree_shape: the Sequoia DP against brute-force enumeration of every tree shape, and the shapes it picks
+"""edgespec.drafting.tree_shape: the Sequoia DP against brute-force enumeration of every tree shape, and the shapes it picks
 on this CPU's verify curve and on a flat, GPU-like one. Deterministic: fixed seeds, no clock."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from edgespec.costs import CostModel, best_k, best_rate
-from edgespec.tree_shape import (
+from edgespec.drafting.costs import CostModel, best_k, best_rate
+from edgespec.drafting.tree_shape import (
     TreeShape,
     best_expected_tokens,
     best_tree,

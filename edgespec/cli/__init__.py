@@ -17,9 +17,9 @@ from typing import Any
 
 import click
 
-from .. import __version__
-from ..config import max_json_depth
-from ..errors import EXIT_BACKEND_LOST, BackendLostError, EdgespecError
+from edgespec import __version__
+from edgespec.config import max_json_depth
+from edgespec.errors import EXIT_BACKEND_LOST, BackendLostError, EdgespecError
 
 
 class Group(click.Group):
@@ -28,7 +28,7 @@ class Group(click.Group):
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         _stand_in_for_closed_streams()
         old_format, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # a library warning: one line
         try:
@@ -38,7 +38,7 @@ class Group(click.Group):
 
     def _standalone(self, *args: Any, **kwargs: Any) -> None:
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         except click.UsageError as e:  # click prints usage, a hint and the error: one line is enough
             where = e.ctx.command_path if e.ctx is not None else "edgespec"
             click.echo(f"Error: {e.format_message()} (see `{where} --help`)", err=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..bench import (
+from edgespec.bench import (
     BenchError,
     format_report,
     load_prompts_jsonl,
@@ -17,8 +17,8 @@ from ..bench import (
     public_report,
     run_bench,
 )
-from ..config import DEFAULT_SAMPLING, SamplingParams
-from ..request import DrafterKind
+from edgespec.config import DEFAULT_SAMPLING, SamplingParams
+from edgespec.config import DrafterKind
 from .common import load_engine, model_options
 
 

@@ -1,4 +1,4 @@
-"""`edgespec chat`: an interactive terminal chat (the library part is edgespec.chat.ChatSession).
+"""`edgespec chat`: an interactive terminal chat (the library part is edgespec.runtime.chat.ChatSession).
 
 On a terminal, input has line editing and history (prompt_toolkit; the history file is EDGESPEC_DATA_DIR/chat_history,
 of which only the last HISTORY_TAIL_BYTES are read; a history file that cannot be used is replaced by an in-memory
@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from ..errors import BackendLostError, EdgespecError
-from ..paths import data_dir
-from ..stats import summary_line
+from edgespec.errors import BackendLostError, EdgespecError
+from edgespec.paths import data_dir
+from edgespec.stats import summary_line
 from .common import load_engine, make_sampling, model_options, sampling_options
 
 FENCE = '"""'
@@ -207,7 +207,7 @@ class _CancelOnSigint:
 
 
 def _answer(session: Any, text: str, out: Output) -> None:
-    from ..chat import ChatContextError
+    from edgespec.runtime.chat import ChatContextError
 
     with _CancelOnSigint() as guard:
         try:
@@ -344,7 +344,7 @@ def chat(**kw: Any) -> None:
     sends it (on a terminal Esc Enter / Alt-Enter also inserts a newline). Commands: /help, /reset,
     /system TEXT, /stats, /save FILE, /load FILE, /exit. Ctrl-C stops an answer; Ctrl-D leaves.
     """
-    from ..chat import ChatSession, parse_conversation, read_conversation
+    from edgespec.runtime.chat import ChatSession, parse_conversation, read_conversation
 
     explicit = _explicit(SAMPLING_NAMES + ("max_tokens", "system"))
     sampling = make_sampling(kw)
@@ -400,7 +400,7 @@ def _explicit(names: Iterable[str]) -> set[str]:
 
 def _pull(target: str | None) -> None:
     """Fetch the pair named by --target (or the default pair) unless --target is a file."""
-    from .. import models
+    from edgespec import models
 
     if target is not None and Path(target).expanduser().exists():
         return

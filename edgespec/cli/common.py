@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterator
 
 import click
 
-from ..config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig, check_rpc_endpoints, check_tensor_split
-from ..errors import EdgespecError
-from ..fsutil import read_regular_bytes
-from ..request import AUTO, DrafterKind, GenerationRequest, resolve_drafter
+from edgespec.config import DEFAULT_SAMPLING, MAX_CTX, MAX_SEED, ModelSpec, SamplingParams, SpecConfig, check_rpc_endpoints, check_tensor_split
+from edgespec.errors import EdgespecError
+from edgespec.fsutil import read_regular_bytes
+from edgespec.runtime.request import AUTO, DrafterKind, GenerationRequest, resolve_drafter
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
@@ -109,9 +109,9 @@ def make_request(kw: dict[str, Any], **prompt: Any) -> GenerationRequest:
 
 def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     """Build an Engine from the model options (popped from kw)."""
-    from ..engine import Engine
-    from ..gguf_check import check_pair, inspect_gguf
-    from ..models import resolve_model
+    from edgespec.runtime.engine import Engine
+    from edgespec.llama.gguf_check import check_pair, inspect_gguf
+    from edgespec.models import resolve_model
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -137,7 +137,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
             # An explicit --target without --draft: the default pair's draft if it is there and fits, else the
             # free n-gram lookup (said once on stderr).
-            from ..errors import ModelsError
+            from edgespec.errors import ModelsError
 
             try:
                 dpath = resolve_model(None, "draft")
@@ -149,14 +149,14 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         else:
             dpath = resolve_model(draft, "draft")
         if dpath is not None:
-            dspec = ModelSpec(dpath, n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx, rpc=draft_rpc)
+            dspec = ModelSpec(str(dpath), n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx, rpc=draft_rpc)
         elif drafter != AUTO and DrafterKind(drafter).needs_draft_model:
             raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
     # auto: model+ngram with a draft model; an explicit --target without one: the free n-gram lookup
     kind = resolve_drafter(drafter, draft_model=dspec is not None, lookup_without_draft=target is not None)
     if draft_rpc and dspec is None:
         click.echo("note: --draft-rpc is ignored: this run has no draft model", err=True)
-    tspec = ModelSpec(tpath, n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx, rpc=rpc, tensor_split=tensor_split)
+    tspec = ModelSpec(str(tpath), n_gpu_layers=ngl, n_threads=threads, n_ctx=n_ctx, rpc=rpc, tensor_split=tensor_split)
     corpus, no_memory = kw.pop("lookup_corpus"), kw.pop("no_memory")
     if (corpus or no_memory) and not kind.uses_tree:
         what = "--lookup-corpus" if corpus else "--no-memory"
@@ -254,7 +254,7 @@ def print_generation(gen: Any, as_json: bool) -> None:
     line on stderr. Ctrl-C cancels it (the engine stops within a cycle or a prefill chunk); then KeyboardInterrupt."""
     import json
 
-    from ..stats import summary_line
+    from edgespec.stats import summary_line
 
     interrupted = []
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from ..constraint import Constraint
-from ..fsutil import read_regular_bytes
+from edgespec.decoding.constraint import Constraint
+from edgespec.fsutil import read_regular_bytes
 from .common import print_generation, load_engine, make_request, model_options, read_stdin_text, sampling_options
 
 

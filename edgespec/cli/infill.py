@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from ..errors import EdgespecError
-from ..request import InfillPrompt
+from edgespec.errors import EdgespecError
+from edgespec.runtime.request import InfillPrompt
 from .common import print_generation, read_corpus_file, load_engine, make_request, model_options, read_stdin_text, sampling_options
 
 MARKER = "<CURSOR>"

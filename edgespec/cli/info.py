@@ -13,8 +13,8 @@ from .common import out
 
 def _threads() -> dict[str, Any]:
     """What a model loaded now without --threads would use (the engine follows the machine's load among these)."""
-    from ..backend import default_threads
-    from ..threads import candidate_counts
+    from edgespec.llama.backend import default_threads
+    from edgespec.llama.threads import candidate_counts
 
     cands = candidate_counts(default_threads())
     return {"mode": "auto", "candidates": list(cands)} if len(cands) > 1 else {"mode": "fixed", "current": cands[0]}
@@ -26,8 +26,8 @@ def _threads() -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
     """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired; with --rpc, the servers."""
-    from ..config import check_rpc_endpoints
-    from ..gguf_check import check_pair, inspect_gguf
+    from edgespec.config import check_rpc_endpoints
+    from edgespec.llama.gguf_check import check_pair, inspect_gguf
 
     if len(files) > 2:
         raise click.UsageError("give one file, or two (target then draft)")
@@ -37,7 +37,7 @@ def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
     infos = [inspect_gguf(f) for f in files]
     result: dict[str, Any] = {"files": [i.summary() for i in infos]}
     if endpoints:
-        from .. import rpc as rpc_mod
+        from edgespec.llama import rpc as rpc_mod
 
         result["rpc"] = rpc_mod.describe(endpoints)
     if len(infos) == 2:

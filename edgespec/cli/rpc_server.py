@@ -13,7 +13,7 @@ from .common import out
 
 
 def _default_threads() -> int:
-    from ..backend import default_threads
+    from edgespec.llama.backend import default_threads
 
     return max(1, default_threads() // 2)  # llama.cpp's rpc-server default: half the cores
 
@@ -38,7 +38,7 @@ def rpc_server(**kw: Any) -> None:
     if not addr.is_loopback:
         out(f"warning: listening on {host}: the RPC protocol has no authentication or encryption; anyone who can reach "
             f"{host}:{port} can use this machine's devices and memory. Only run it on a trusted network.", err=True)
-    from .. import rpc
+    from edgespec.llama import rpc
 
     rpc.start_server(host, port, threads)
     out(f"rpc-server: listening on {host}:{port} (protocol {rpc.PROTO_MAJOR}.{rpc.PROTO_MINOR}, pid {os.getpid()}); "

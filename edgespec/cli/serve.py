@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from ..config import MAX_PARALLEL
-from ..errors import EdgespecError
+from edgespec.config import MAX_PARALLEL
+from edgespec.errors import EdgespecError
 from .common import load_engine, model_options
 
 API_KEY_ENV = "EDGESPEC_API_KEY"
@@ -140,8 +140,8 @@ def serve(**kw: Any) -> None:
     Point any OpenAI client at http://HOST:PORT/v1 (the API key is any string unless --api-key is set). A request
     that leaves a sampling setting out gets the OpenAI API's default (temperature 1.0, top_p 1.0, no top_k or
     min_p), not the llama.cpp defaults that generate and chat use."""
-    from ..config import check_rpc_endpoints
-    from ..server.guards import check_api_key, is_loopback
+    from edgespec.config import check_rpc_endpoints
+    from edgespec.server.guards import check_api_key, is_loopback
 
     host, port, api_key = kw.pop("host"), kw.pop("port"), kw.pop("api_key")
     why = check_api_key(api_key) if api_key else None
@@ -170,7 +170,7 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
     the models fail to load. `params`: what serve() read from its options."""
     import uvicorn
 
-    from ..server import Settings, create_app
+    from edgespec.server import Settings, create_app
 
     max_queue, prompt_cache_mb, parallel = params["max_queue"], params["prompt_cache_mb"], params["parallel"]
     settings = Settings(api_key=params["api_key"], cors_origins=params["cors_origins"], host=params["host"], model_alias=params["alias"],
@@ -244,8 +244,8 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
 def _ended_quietly(app: Any) -> Any:
     """The app, where a request still running when uvicorn's graceful shutdown gives up on it (one waiting for a
     long tokenization in a worker thread) ends with a 503 (or its stream's end) instead of a logged traceback."""
-    from ..server.core import error_response
-    from ..server.schema import APIError
+    from edgespec.server.core import error_response
+    from edgespec.server.schema import APIError
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         started = False

@@ -1,6 +1,6 @@
 """`edgespec serve --rpc`: the server runs in a child process that this one restarts once a lost RPC server is back.
 
-llama.cpp cannot survive a lost RPC server inside the process that talks to it (edgespec/rpc.py): that process ends
+llama.cpp cannot survive a lost RPC server inside the process that talks to it (edgespec/llama/rpc.py): that process ends
 with exit code rpc.EXIT_RPC_LOST after telling its clients (503 `backend_lost`). So `serve` with `--rpc` keeps the
 listening socket here, serves from a child process (serve.child_main: its settings pickled on its stdin, the socket
 inherited) and, when the child ends with that code, answers every request on the same socket
@@ -33,7 +33,7 @@ def supervise(params: dict[str, Any], sock: socket.socket, endpoints: Sequence[s
     """Serve `params` from child processes (command line `child`, which reads {"params", "fd"} pickled on its stdin)
     on `sock` until one ends for another reason than a lost RPC server; that one's exit code (130 after Ctrl-C here,
     0 after SIGTERM)."""
-    from ..errors import EXIT_BACKEND_LOST
+    from edgespec.errors import EXIT_BACKEND_LOST
 
     stop: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
@@ -95,8 +95,8 @@ def _die_with_parent() -> None:
 
 def _all_answer(endpoints: Sequence[str]) -> tuple[bool, str]:
     """Whether every endpoint answers a probe now (at most PROBE_EVERY seconds each), and why not."""
-    from .. import rpc  # llama.cpp's libraries load here, in the supervisor, only once a server was lost
-    from ..errors import BackendError
+    from edgespec.llama import rpc  # llama.cpp's libraries load here, in the supervisor, only once a server was lost
+    from edgespec.errors import BackendError
 
     for ep in endpoints:
         try:
@@ -111,7 +111,7 @@ def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list
     stops this process (False)."""
     import uvicorn
 
-    from ..server.schema import APIError
+    from edgespec.server.schema import APIError
 
     why = ["not probed yet"]
 

@@ -140,6 +140,8 @@ def _check(path: Path, mf: ModelFile) -> str | None:
     if rec.get("size") != st.st_size or rec.get("mtime_ns") != st.st_mtime_ns:
         return CHANGED
     sample = rec.get("sample")
+    if not isinstance(sample, dict):
+        return LEGACY
     try:
         v, block, count, want = sample["v"], int(sample["block"]), int(sample["count"]), str(sample["sha256"])
     except (TypeError, KeyError, ValueError):

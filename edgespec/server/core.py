@@ -27,10 +27,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Send
 
-from ..constraint import ConstraintError
-from ..errors import BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
-from ..request import DrafterKind, GenerationRequest
-from . import schema, sse
+from edgespec.decoding.constraint import ConstraintError
+from edgespec.errors import BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
+from edgespec.runtime.request import DrafterKind, GenerationRequest
+from . import schema
+from . import sse
 from .metrics import Metrics
 from .schema import APIError, CompletionRequest
 

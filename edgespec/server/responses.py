@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import anyio
 from starlette.types import Receive, Scope, Send
 
-from .. import __version__
-from ..structured import ToolCallSplitter, parse_tool_calls
+from edgespec import __version__
+from edgespec.decoding.structured import ToolCallSplitter, parse_tool_calls
 from . import sse
 from .core import api_error, send_json
 from .schema import APIError, CompletionRequest

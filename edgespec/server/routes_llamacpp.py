@@ -26,12 +26,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
 
-from .. import __version__
-from ..config import API_SAMPLING
-from ..errors import ConfigError, EdgespecError, TemplateError
-from ..infill import ExtraChunk, indent_cut
-from ..request import DrafterKind
-from . import schema, sse
+from edgespec import __version__
+from edgespec.config import API_SAMPLING
+from edgespec.errors import ConfigError, EdgespecError, TemplateError
+from edgespec.prompts.infill import ExtraChunk, indent_cut
+from edgespec.config import DrafterKind
+from . import schema
+from . import sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Num, Says, Str, bad, validate_body

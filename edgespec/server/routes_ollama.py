@@ -33,9 +33,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
 
-from .. import __version__
-from ..errors import ConfigError, TemplateError
-from . import schema, sse
+from edgespec import __version__
+from edgespec.errors import ConfigError, TemplateError
+from . import schema
+from . import sse
 from . import core
 from .core import JSON, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings

@@ -5,7 +5,7 @@ other clients built on it.
 A Responses request is translated, in `to_chat_body`, into the body of a chat completions request and parsed by the
 same code (schema.parse_chat): `instructions` becomes a system message, `input` (a string or message items) the
 messages, `max_output_tokens` max_completion_tokens, `text.format` response_format and function `tools` chat tools.
-Structured output and function tools are chat completions' own (edgespec/structured.py): `text.format` holds the
+Structured output and function tools are chat completions' own (edgespec/decoding/structured.py): `text.format` holds the
 output to a JSON schema, and a tool call comes back as `function_call` output items; `function_call` and
 `function_call_output` input items become the assistant tool calls and tool results of the chat messages. With tools
 the answer is streamed at its end (a call is known only once its text is complete). What chat completions refuses is
@@ -28,7 +28,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Send
 
-from . import schema, sse
+from . import schema
+from . import sse
 from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .schema import APIError, Body, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body

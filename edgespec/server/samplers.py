@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import SamplingParams
+from edgespec.config import SamplingParams
 
 NAMES = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill", "penalties", "top_n_sigma")
 LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature",

@@ -10,7 +10,7 @@ combines with what) is checked after it, here. Every problem with a request is a
 Nothing a client sends is ignored when it would change the answer: features edgespec does not have (n > 1,
 logit_bias, mirostat...) are refused with a 400 that says so (UNSUPPORTED). `response_format` (JSON object / JSON
 schema), llama-server's `json_schema` and `grammar`, and `tools`/`tool_choice` become a constraint
-(edgespec/structured.py builds it, so every route shares it). Unknown keys are accepted, as llama-server and most
+(edgespec/decoding/structured.py builds it, so every route shares it). Unknown keys are accepted, as llama-server and most
 OpenAI-compatible servers do, so that clients sending newer optional fields keep working, but never in silence:
 `CompletionRequest.ignored` lists them, the response carries them in an `X-Edgespec-Ignored-Params` header and the
 server logs each name once (docs/server.md).
@@ -27,12 +27,12 @@ from typing import Annotated, Any, Mapping, TypeVar
 from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..config import API_SAMPLING, MAX_SEED, SamplingParams
-from ..constraint import Constraint
-from ..errors import ConfigError
-from ..infill import ExtraChunk
-from ..structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_history
-from ..untrusted import JSONDepthError, loads as loads_json
+from edgespec.config import API_SAMPLING, MAX_SEED, SamplingParams
+from edgespec.decoding.constraint import Constraint
+from edgespec.errors import ConfigError
+from edgespec.prompts.infill import ExtraChunk
+from edgespec.decoding.structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_history
+from edgespec.untrusted import JSONDepthError, loads as loads_json
 from .samplers import ChainError, apply_chain, parse_names
 
 MAX_STOPS = 32

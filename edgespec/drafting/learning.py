@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .config import SamplingParams, SpecConfig
+from edgespec.config import SamplingParams, SpecConfig
 from .costs import CostModel, VerifyCurve
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .policy import RateGuard
-from .speculators import draft_gate_open, guarded, make_speculator, model_draft_used
-from .speculators.base import Speculator
-from .speculators.model import DraftModel
+from edgespec.drafting import draft_gate_open, guarded, make_speculator, model_draft_used
+from .base import Speculator
+from .model import DraftModel
 from .suffix_index import SuffixIndex
 
 DRAFT_POSITIONS = 64  # the draft model's acceptance is estimated at this many positions (covers any draft_max)

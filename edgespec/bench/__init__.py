@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .config import SamplingParams
-from .errors import EdgespecError
-from .fsutil import read_regular_bytes
-from .untrusted import JSONDepthError, loads as loads_json
-from .stats import Totals, acceptance_by_position
+from edgespec.config import SamplingParams
+from edgespec.errors import EdgespecError
+from edgespec.fsutil import read_regular_bytes
+from edgespec.untrusted import JSONDepthError, loads as loads_json
+from edgespec.stats import Totals, acceptance_by_position
 
-SUITES_FILE = Path(__file__).with_name("bench_suites.json")
+SUITES_FILE = Path(__file__).with_name("suites.json")
 
 
 class BenchError(EdgespecError):
@@ -75,7 +75,7 @@ MAX_PROMPTS_FILE = 64 * 2**20  # a --prompts file
 
 
 def load_suites(path: str | os.PathLike[str] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """The built-in suites (edgespec/bench_suites.json, next to this module): {suite name: [entries]}."""
+    """The built-in suites (edgespec/bench/suites.json, next to this module): {suite name: [entries]}."""
     p = Path(path) if path is not None else SUITES_FILE
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -337,7 +337,7 @@ def public_report(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-from .bench_report import format_report, plot_format, plot_report, require_matplotlib  # noqa: E402  (re-exported)
+from .report import format_report, plot_format, plot_report, require_matplotlib  # noqa: E402  (re-exported)
 
 __all__ = [
     "BenchError",

@@ -1,7 +1,7 @@
 """A multi-turn chat on top of the Engine, with KV-cache reuse across turns (no terminal code here).
 
     from edgespec import Engine
-    from edgespec.chat import ChatSession
+    from edgespec.runtime.chat import ChatSession
     eng = Engine.load("target.gguf", "draft.gguf")
     chat = ChatSession(eng, system="You are terse.", sampling=SamplingParams(temperature=0))
     for chunk in chat.send("Write a haiku"):
@@ -34,16 +34,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from .chat_template import clip_segments
-from .config import DEFAULT_SAMPLING, SamplingParams, check_stop
-from .detok import complete_utf8
-from .errors import ConfigError, ContextFullError, EdgespecError
-from .fsutil import atomic_write_text, read_json_file
+from edgespec.prompts.chat_template import clip_segments
+from edgespec.config import DEFAULT_SAMPLING, SamplingParams, check_stop
+from edgespec.decoding.detok import complete_utf8
+from edgespec.errors import ConfigError, ContextFullError, EdgespecError
+from edgespec.fsutil import atomic_write_text, read_json_file
 from .request import GenerationRequest
-from .stats import GenerationStats, Totals
+from edgespec.stats import GenerationStats, Totals
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .constraint import Constraint
+    from edgespec.decoding.constraint import Constraint
     from .engine import Chunk, Engine, Generation
 
 MIN_ANSWER_TOKENS = 16  # with no history left, a message is accepted if at least this many answer tokens fit

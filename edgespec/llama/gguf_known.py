@@ -1,5 +1,5 @@
 """What the bundled llama.cpp knows: architectures, their graph constraints, BPE pre-tokenizers. Data for
-`edgespec.gguf_rules`.
+`edgespec.llama.gguf_rules`.
 
 Taken from the llama.cpp source vendored by llama-cpp-python 0.3.36 (src/llama-arch.cpp, src/llama-model.cpp,
 src/models/*.cpp, src/llama-vocab.cpp). A newer llama-cpp-python may add names; until these sets are refreshed such

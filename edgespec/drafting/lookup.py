@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..ngram import NgramIndex
-from ..policy import NgramPolicy
-from ..request import DrafterKind
+from .ngram import NgramIndex
+from .policy import NgramPolicy
+from edgespec.config import DrafterKind
 from .base import Outcome, Proposal
 
 

@@ -9,15 +9,15 @@ from typing import Any, Protocol, Sequence, cast
 
 import numpy as np
 
-from ..config import SamplingParams
-from ..constraint import TokenConstraint, apply_mask
-from ..errors import EdgespecError, non_finite_logits
-from ..infill import InfillVocab
-from ..policy import Controller
-from ..request import DrafterKind
-from ..sampling import greedy as greedy_token
-from ..sampling import NonFiniteLogitsError, PositionalUniforms, Probs, sample, sample_at, warp_probs
-from ..tree import ROOT, TokenTree, sample_children, walk
+from edgespec.config import SamplingParams
+from edgespec.decoding.constraint import TokenConstraint, apply_mask
+from edgespec.errors import EdgespecError, non_finite_logits
+from edgespec.prompts.infill import InfillVocab
+from .policy import Controller
+from edgespec.config import DrafterKind
+from edgespec.decoding.sampling import greedy as greedy_token
+from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, sample, sample_at, warp_probs
+from edgespec.decoding.tree import ROOT, TokenTree, sample_children, walk
 from .base import Outcome, Proposal
 
 

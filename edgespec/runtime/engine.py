@@ -34,30 +34,30 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import calibration as cal
-from . import chat_template
-from . import rpc
-from .backend import DecodePart, Model, default_threads
-from .config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
-from .config import MAX_PARALLEL
-from .config import check_int as _check_int
-from .constraint import Constraint, Matcher
-from .structured import Tool, constraint_from_response_format, prompt_messages
-from .costs import VerifyCurve
-from .detok import StreamingDetokenizer
-from .fsutil import clear_odd_file
-from .errors import BackendError, BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
-from .learning import LearningState
+from edgespec.drafting import calibration as cal
+from edgespec.prompts import chat_template
+from edgespec.llama import rpc
+from edgespec.llama.backend import DecodePart, Model, default_threads
+from edgespec.config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
+from edgespec.config import MAX_PARALLEL
+from edgespec.config import check_int as _check_int
+from edgespec.decoding.constraint import Constraint, Matcher
+from edgespec.decoding.structured import Tool, constraint_from_response_format, prompt_messages
+from edgespec.drafting.costs import VerifyCurve
+from edgespec.decoding.detok import StreamingDetokenizer
+from edgespec.fsutil import clear_odd_file
+from edgespec.errors import BackendError, BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
+from edgespec.drafting.learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
-from .gguf_check import inspect_gguf, require_compatible
-from .infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
+from edgespec.llama.gguf_check import inspect_gguf, require_compatible
+from edgespec.prompts.infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
-from .sampling import PositionalUniforms
+from edgespec.decoding.sampling import PositionalUniforms
 from .speculate import Step, Verify, speculate_steps
-from .speculators import KINDS, tree_paths_for
-from .suffix_index import SuffixIndex
-from .suffix_index import default_path as suffix_default_path
-from .stats import GenerationStats
+from edgespec.drafting import KINDS, tree_paths_for
+from edgespec.drafting.suffix_index import SuffixIndex
+from edgespec.drafting.suffix_index import default_path as suffix_default_path
+from edgespec.stats import GenerationStats
 
 DRAFTER_KINDS = KINDS
 # A generation of at most this many tokens (or any infill) is short: it is admitted before longer ones, gets four turns
@@ -385,7 +385,7 @@ class Engine:
 
     # ----------------------------------------------------------------------------- fill-in-the-middle
     def fim_tokens(self) -> FimTokens:
-        """The target vocabulary's FIM tokens (see edgespec.infill)."""
+        """The target vocabulary's FIM tokens (see edgespec.prompts.infill)."""
         if self._fim is None:
             self._live()
             self._fim = self.target.fim_tokens()

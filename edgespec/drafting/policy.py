@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import SpecConfig
+from edgespec.config import SpecConfig
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
 from .tree_shape import TreeShape, best_tree, from_conditional
 from .costs import GATE_MIN_GAIN, GATE_OPTIMISTIC_A, CostModel, argmax_rate, best_k, best_rate, draft_model_pays, expected_tokens, rates, speculation_ceiling

@@ -69,9 +69,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .fsutil import atomic_write_bytes, read_regular_bytes
+from edgespec.fsutil import atomic_write_bytes, read_regular_bytes
 from .ngram import as_token_list
-from .tree import ROOT, TokenTree
+from edgespec.decoding.tree import ROOT, TokenTree
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
 MAGIC = b"EDGESPEC-SUFFIX\x00"
@@ -748,7 +748,7 @@ def _ignored(index: SuffixIndex, path: str | os.PathLike[str], why: str) -> Suff
 
 def default_path(vocab: str) -> Path:
     """Where the engine keeps the index for a vocabulary: <cache dir>/suffix/<sha256(vocab)[:16]>.idx."""
-    from .paths import cache_dir
+    from edgespec.paths import cache_dir
 
     name = hashlib.sha256(vocab.encode("utf-8")).hexdigest()[:16]
     return cache_dir() / "suffix" / f"{name}.idx"

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import EdgespecError
-from .fsutil import atomic_write_bytes
+from edgespec.errors import EdgespecError
+from edgespec.fsutil import atomic_write_bytes
 
 
 # --------------------------------------------------------------------------------------------- text output

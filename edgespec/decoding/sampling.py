@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import SamplingParams
-from .infill import InfillVocab, infill_filter
+from edgespec.config import SamplingParams
+from edgespec.prompts.infill import InfillVocab, infill_filter
 
 _CUT_STEP = 1.0 / 64.0  # top-p: each candidate cut is this fraction of the previous one
 _SPARSE_MIN_SIZE = 4096  # sample: rows longer than this are checked for sparsity first

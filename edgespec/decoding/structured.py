@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_template import renders_tools
+from edgespec.prompts.chat_template import renders_tools
 from .constraint import Constraint, ConstraintError
-from .untrusted import JSONDepthError, check_json_depth, loads as loads_json
+from edgespec.untrusted import JSONDepthError, check_json_depth, loads as loads_json
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -250,7 +250,7 @@ def prompt_messages(
     itself (Qwen2.5's, Llama 3.1's, Hermes'...: chat_template.renders_tools), the messages as Hugging Face templates
     take them (tool_history) and the tools in OpenAI's form; otherwise tool_messages' plain messages and no tools."""
     if not tools and not has_tool_history(messages):
-        return list(messages), None
+        return [dict(m) for m in messages], None
     if renders_tools(template):
         return tool_history(messages), [t.as_openai() for t in tools] or None
     return tool_messages(tool_history(messages), tools), None

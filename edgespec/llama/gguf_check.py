@@ -3,7 +3,7 @@
 llama.cpp kills the whole process on some malformed files (F64 or Q8_K weights segfault in matmul, a block count of
 0 or a duplicated token trips a GGML_ASSERT), so everything that can be checked from the file itself is checked
 here: the path (a regular, readable file), magic, version, the header structure, and then llama.cpp's own limits on
-the header values (`edgespec.gguf_rules`). A bad file raises `ModelFileError` with one line that says what is
+the header values (`edgespec.llama.gguf_rules`). A bad file raises `ModelFileError` with one line that says what is
 wrong. Only the header is read (a struct-based reader, well under a second for a 152k-token vocabulary).
 
 Pair compatibility (same tokenizer for draft and target) is also decided here, from metadata alone, before any
@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .errors import IncompatiblePairError, ModelFileError
+from edgespec.errors import IncompatiblePairError, ModelFileError
 from .gguf_rules import GGML_TYPES, RuleError, check, shown
 
 GGUF_MAGIC = b"GGUF"

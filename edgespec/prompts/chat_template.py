@@ -30,7 +30,7 @@ import time
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from .errors import TemplateError
+from edgespec.errors import TemplateError
 
 FALLBACK_TEMPLATE = (
     "{% for message in messages %}"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..policy import TreePolicy
-from ..request import DrafterKind
-from ..suffix_index import SuffixIndex
-from ..tree import ROOT, TokenTree, walk
+from .policy import TreePolicy
+from edgespec.config import DrafterKind
+from .suffix_index import SuffixIndex
+from edgespec.decoding.tree import ROOT, TokenTree, walk
 from .base import Outcome, Proposal
 
 

@@ -43,17 +43,17 @@ from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, expected_acceptance
-from .tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
-from .config import SamplingParams
-from .constraint import TokenConstraint, apply_mask
-from .infill import InfillVocab
-from .speculators.guard import unguarded
-from .errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
-from .sampling import greedy as greedy_token
-from .sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp, warp_probs
-from .speculators.base import Outcome, Proposal, Speculator
-from .stats import GenerationStats
+from edgespec.decoding.acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, expected_acceptance
+from edgespec.decoding.tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
+from edgespec.config import SamplingParams
+from edgespec.decoding.constraint import TokenConstraint, apply_mask
+from edgespec.prompts.infill import InfillVocab
+from edgespec.drafting.guard import unguarded
+from edgespec.errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
+from edgespec.decoding.sampling import greedy as greedy_token
+from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp, warp_probs
+from edgespec.drafting.base import Outcome, Proposal, Speculator
+from edgespec.stats import GenerationStats
 
 
 class LanguageModel(Protocol):
@@ -109,7 +109,7 @@ def token_logprobs(
 ) -> list[TokenLogprob]:
     """TokenLogprob for tokens[j] from its (already masked) logits row rows[j]; the penalty history of row j is
     history + tokens[:j] (infill_vocab: as for warp)."""
-    from .sampling import apply_penalties
+    from edgespec.decoding.sampling import apply_penalties
 
     out = []
     ctx = list(history)

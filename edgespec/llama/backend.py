@@ -16,7 +16,7 @@ call starts from a consistent cache.
 `PromptCache` (prompt_cache.py) keeps snapshots of a cache's contents (llama_state_seq_get_data) in host memory, so that a
 conversation the engine left for another is restored instead of decoded again (`sync` swaps by content).
 
-The file is validated with edgespec.gguf_check before llama.cpp sees it, and models whose cache cannot be
+The file is validated with edgespec.llama.gguf_check before llama.cpp sees it, and models whose cache cannot be
 truncated (recurrent / hybrid architectures) are refused up front.
 """
 
@@ -34,15 +34,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import MAX_SEQUENCES, ModelSpec, check_slots_fit, check_tree_fits
-from .constraint import Vocabulary
-from .errors import BackendError, ConfigError, ContextFullError, EngineClosedError, StopRequested, non_finite_logits
+from edgespec.config import MAX_SEQUENCES, ModelSpec, check_slots_fit, check_tree_fits
+from edgespec.decoding.constraint import Vocabulary
+from edgespec.errors import BackendError, ConfigError, ContextFullError, EngineClosedError, StopRequested, non_finite_logits
 from .gguf_check import GGUFInfo, inspect_gguf
-from .infill import FimTokens, InfillVocab
+from edgespec.prompts.infill import FimTokens, InfillVocab
 from .prompt_cache import PromptCache, common_prefix
 from .threads import ThreadTuner, candidate_counts
 from . import rpc
-from .llama import C  # after the pure imports on purpose: loading the library can fail (one BackendError)
+from .binding import C  # after the pure imports on purpose: loading the library can fail (one BackendError)
 
 _LOG_CB = None
 _LOCAL_CALL = contextlib.nullcontext()  # reusable: what Model._remote gives a local model's calls

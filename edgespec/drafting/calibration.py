@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .fsutil import atomic_write_text, clear_odd_file, loads_json, read_json_file
-from .paths import cache_dir
+from edgespec.fsutil import atomic_write_text, clear_odd_file, loads_json, read_json_file
+from edgespec.paths import cache_dir
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17)
 ROUNDS = 3

@@ -1,4 +1,5 @@
-"""Drafting strategies, one object each (see base.py for the contract), and the one function that builds them.
+"""drafting/: what to draft and how much. Drafting strategies, one object each (see base.py for the contract), and
+the one function that builds them (make_speculator).
 
     model         a draft GGUF model; its Controller picks k per cycle and stops drafts early
     ngram         prompt lookup; its NgramPolicy picks k after the lookup from the match run
@@ -6,17 +7,24 @@
     model+ngram   the lookup when it has a proposal worth verifying, the draft model otherwise
     model+suffix  the same with the suffix index
     none          plain decoding
+
+Owns also what those objects use: the cost model (costs), acceptance estimators (estimators), the draft-length and
+tree policies (policy, tree_shape), the hardware curves measured once per machine (calibration), what the engine
+carries between generations (learning), and the lookup and suffix indexes (ngram, suffix_index).
+
+May import: edgespec's base modules, prompts/ and decoding/. Never llama/ (a draft model is any object with the
+DraftModel protocol), runtime/, server/ or cli/.
 """
 
 from __future__ import annotations
 
-from ..config import SamplingParams, SpecConfig
-from ..costs import CostModel, draft_model_pays
-from ..ngram import NgramIndex
-from ..estimators import AcceptanceEstimator, MatchLengthEstimator
-from ..policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
-from ..request import DrafterKind
-from ..suffix_index import SuffixIndex
+from edgespec.config import SamplingParams, SpecConfig
+from .costs import CostModel, draft_model_pays
+from .ngram import NgramIndex
+from .estimators import AcceptanceEstimator, MatchLengthEstimator
+from .policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
+from edgespec.config import DrafterKind
+from .suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator
 from .guard import GuardedSpeculator, guarded, unguarded
 from .hybrid import HybridSpeculator

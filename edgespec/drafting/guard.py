@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..costs import CostModel
-from ..policy import RateGuard
-from ..request import DrafterKind
+from .costs import CostModel
+from .policy import RateGuard
+from edgespec.config import DrafterKind
 from .base import Outcome, Proposal, Speculator
 
 

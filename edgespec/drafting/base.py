@@ -22,9 +22,9 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..sampling import Probs
+from edgespec.decoding.sampling import Probs
 
-from ..tree import TokenTree
+from edgespec.decoding.tree import TokenTree
 
 
 @dataclass

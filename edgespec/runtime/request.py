@@ -16,49 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from .config import DEFAULT_SAMPLING, SamplingParams, SpecConfig, check_int, check_stop
-from .errors import ConfigError
+from edgespec.config import DEFAULT_SAMPLING, DrafterKind, SamplingParams, SpecConfig, check_int, check_stop
+from edgespec.errors import ConfigError
 
 if TYPE_CHECKING:
-    from .constraint import Constraint
-    from .infill import ExtraChunk
-    from .structured import Tool
+    from edgespec.decoding.constraint import Constraint
+    from edgespec.prompts.infill import ExtraChunk
+    from edgespec.decoding.structured import Tool
 
 MAX_LOGPROBS = 20
 
 
 # --------------------------------------------------------------------------------------------- drafter kinds
-class DrafterKind(str, Enum):
-    """How a generation drafts (edgespec.speculators builds each). A str Enum: a kind equals, formats and
-    serialises (JSON) as its name, so `kind == "ngram"` and f"{kind}" read as before."""
-
-    MODEL = "model"  # a draft GGUF model
-    NGRAM = "ngram"  # prompt lookup
-    SUFFIX = "suffix"  # token trees from a suffix index over everything the engine has seen
-    MODEL_NGRAM = "model+ngram"  # the lookup when it has a proposal worth verifying, the draft model otherwise
-    MODEL_SUFFIX = "model+suffix"  # the same with the suffix index
-    NONE = "none"  # plain decoding
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-    @property
-    def needs_draft_model(self) -> bool:
-        return self in (DrafterKind.MODEL, DrafterKind.MODEL_NGRAM, DrafterKind.MODEL_SUFFIX)
-
-    @property
-    def uses_tree(self) -> bool:
-        """A suffix drafter: needs a memory (SuffixIndex) and a target loaded with tree sequences."""
-        return self in (DrafterKind.SUFFIX, DrafterKind.MODEL_SUFFIX)
-
-    @property
-    def uses_ngram(self) -> bool:
-        return self in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM)
-
-
 AUTO = "auto"  # a drafter choice, not a kind: resolve_drafter turns it into one
 KIND_NAMES = tuple(k.value for k in DrafterKind)
 

@@ -41,9 +41,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-from .config import split_rpc_endpoint
-from .errors import EXIT_BACKEND_LOST, BackendError, ConfigError
-from .llama import C
+from edgespec.config import split_rpc_endpoint
+from edgespec.errors import EXIT_BACKEND_LOST, BackendError, ConfigError
+from .binding import C
 
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # ggml-rpc.h's RPC_PROTO_MAJOR_VERSION / MINOR of the llama.cpp this build vendors
 _CMD_HELLO = 14  # RPC_CMD_HELLO (fixed across versions)

@@ -19,8 +19,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from .errors import ConfigError, EngineClosedError, QueueFullError
-from .stats import GenerationStats
+from edgespec.errors import ConfigError, EngineClosedError, QueueFullError
+from edgespec.stats import GenerationStats
 
 
 @dataclass

@@ -4,7 +4,7 @@ load (a CUDA build without its runtime on the library path) is one BackendError,
 
 from __future__ import annotations
 
-from .errors import BackendError
+from edgespec.errors import BackendError
 
 try:
     import llama_cpp as C

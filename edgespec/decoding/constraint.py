@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import ConfigError
-from .untrusted import JSONDepthError, check_json_depth, check_text, loads as loads_json
+from edgespec.errors import ConfigError
+from edgespec.untrusted import JSONDepthError, check_json_depth, check_text, loads as loads_json
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 # JSON is written on one line the way json.dumps and most models write it ({"a": 1, "b": [2, 3]}): no free
@@ -140,7 +140,7 @@ def _compile(kind: str, value: Any) -> str:
     from llguidance.gbnf_to_lark import any_to_lark
 
     if kind == "json_object":
-        grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)  # type: ignore[arg-type]  # a dict of JsonCompileOptions' keys
     elif kind == "json_schema":
         if not isinstance(value, Mapping):
             raise ConstraintError("a JSON schema must be an object")
@@ -154,7 +154,7 @@ def _compile(kind: str, value: Any) -> str:
             raise ConstraintError(f"invalid JSON schema: {_one_line(e)}") from None
         check_text(text, "the JSON schema", ConstraintError)
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)  # type: ignore[arg-type]  # a dict of JsonCompileOptions' keys
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"invalid JSON schema: {_one_line(e)}") from None
     elif kind == "regex":
