@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     EdgespecError,
     EngineClosedError,
     ModelFileError,
+    PromptTooLongError,
     QueueFullError,
     TemplateError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "EdgespecError",
     "ConfigError",
     "ModelFileError",
+    "PromptTooLongError",
     "BackendError",
     "BackendLostError",
     "ContextFullError",

@@ -46,6 +46,17 @@ class ContextFullError(BackendError):
     """The tokens would not fit in the context window."""
 
 
+class PromptTooLongError(ContextFullError):
+    """A prompt that leaves no room in the context for what the request asks to generate."""
+
+    def __init__(self, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(
+            f"the prompt has {n_prompt} tokens but the context holds {n_ctx} (the prompt and at least one generated token must fit)"
+        )
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+
+
 class EngineClosedError(EdgespecError):
     """The engine was closed; load a new one."""
 
@@ -76,6 +87,7 @@ __all__ = [
     "non_finite_logits",
     "BackendLostError",
     "ContextFullError",
+    "PromptTooLongError",
     "EngineClosedError",
     "QueueFullError",
     "TemplateError",

@@ -158,7 +158,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(engine):
     with pytest.raises(ChatContextError, match="does not fit"):
         ChatSession(engine).send(huge)
     # the bound is an upper bound: a prompt of exactly the room tokenizes, and is refused only by its token count
-    limit = engine.target.n_ctx * engine._max_token_bytes
+    limit = engine.target.n_ctx * engine.max_token_bytes()
     assert engine.prompt_tokens("a" * 100)
     with pytest.raises(ContextFullError):
         engine.check_prompt_size(limit + 1)

@@ -75,7 +75,7 @@ def test_a_request_is_frozen_and_normalised():
     ({"prompt": "a", "sampling": {"temperature": 0}}, "sampling must be a SamplingParams"),
     ({"prompt": "a", "max_tokens": 2.5}, "max_tokens must be an integer"),
     ({"prompt": "a", "max_tokens": -1}, "max_tokens must be at least 0"),
-    ({"infill": InfillPrompt("def f("), "max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"infill": InfillPrompt("def f("), "max_tokens": -1}, "max_tokens must be at least 0"),
     ({"infill": ("def f(", "")}, "infill must be an InfillPrompt"),
     ({"prompt": "a", "stop": 3}, "stop must be a string or a list"),
     ({"prompt": "a", "logprobs": 21}, "logprobs must be in \\[0, 20\\]"),

@@ -97,7 +97,7 @@ def test_limit_backlog_checks_its_argument(tiny):
 
 # --------------------------------------------------------------------------------------------- admission
 def _state(parallel: int, max_queue: int | None, share: float) -> ServerState:
-    eng = SimpleNamespace(parallel=parallel, _worker=SimpleNamespace(max_queue=max_queue))
+    eng = SimpleNamespace(parallel=parallel, max_queue=max_queue)
     return ServerState(settings=Settings(client_share=share), engine=eng)
 
 

@@ -136,11 +136,12 @@ def test_a_cancelled_generation_frees_its_slot_at_once(tiny):
 
 
 def test_a_prompt_too_long_for_a_slot_fails_alone(tiny):
+    """Refused when it is started (PromptTooLongError, a ContextFullError), before it is queued: the generation
+    running beside it goes on."""
     with make_engine(tiny, parallel=2, n_ctx=64) as eng:
         ok = eng.stream(PROMPTS[0], sampling=GREEDY, max_tokens=20)
-        bad = eng.stream(tokens=[65] * 80, sampling=GREEDY, max_tokens=4)
-        with pytest.raises(ContextFullError):
-            bad.result(timeout=60)
+        with pytest.raises(ContextFullError, match="80 tokens but the context holds 64"):
+            eng.stream(tokens=[65] * 80, sampling=GREEDY, max_tokens=4)
         assert len(ok.result(timeout=60).token_ids) == 20
 
 

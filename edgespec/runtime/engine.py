@@ -30,27 +30,27 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 import numpy as np
 
 from edgespec.drafting import calibration as cal
-from edgespec.prompts import chat_template
 from edgespec.llama import rpc
 from edgespec.llama.backend import DecodePart, Model, default_threads
 from edgespec.config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
 from edgespec.config import MAX_PARALLEL
 from edgespec.config import check_int as _check_int
 from edgespec.decoding.constraint import Constraint, Matcher
-from edgespec.decoding.structured import Tool, constraint_from_response_format, prompt_messages
+from edgespec.decoding.structured import Tool, constraint_from_response_format
 from edgespec.drafting.costs import VerifyCurve
 from edgespec.decoding.detok import StreamingDetokenizer
 from edgespec.fsutil import clear_odd_file
-from edgespec.errors import BackendError, BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
+from edgespec.errors import BackendError, BackendLostError, ConfigError, EdgespecError, EngineClosedError
 from edgespec.drafting.learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
+from .prompt import Prompts
 from edgespec.llama.gguf_check import inspect_gguf, require_compatible
-from edgespec.prompts.infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
+from edgespec.prompts.infill import ExtraChunk, FimTokens
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from edgespec.decoding.sampling import PositionalUniforms
 from .speculate import Step, Verify, speculate_steps
@@ -131,9 +131,7 @@ class Engine:
         # costs: a GPU-like flat curve when nothing was measured (tests, fixed setups)
         self.set_calibration(calibration or cal.Calibration({1: 1.0, 64: 1.0}, 0.0, "fixed"))
         self._entropy = np.random.SeedSequence()
-        self._specials: list[str] | None = None
-        self._max_token_bytes: int | None = None
-        self._fim: FimTokens | None = None
+        self.prompts = Prompts(target, self._live)  # every prompt is built there (prompt.py)
         self._closed = False
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         if draft is not None and draft.parallel < target.parallel:
@@ -287,6 +285,11 @@ class Engine:
             raise EngineClosedError("the engine is closed; load a new one")
 
     @property
+    def max_queue(self) -> int | None:
+        """How many generations may wait for a slot (None: no bound)."""
+        return self._worker.max_queue
+
+    @property
     def pending(self) -> int:
         """Generations waiting for a slot (not counting the ones running)."""
         return self._worker.pending
@@ -300,96 +303,38 @@ class Engine:
         """{"parallel": slots, "busy": generating now, "queued": waiting for a slot}."""
         return {"parallel": self.parallel, "busy": self._worker.busy, "queued": self._worker.pending}
 
-    # ----------------------------------------------------------------------------- prompts (any thread)
+    # ----------------------------------------------------------------------------- prompts (any thread: prompt.Prompts)
     @property
     def chat_template(self) -> str | None:
-        self._live()
-        return self.target.chat_template
+        return self.prompts.chat_template
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        self._live()
-        return chat_template.render(self.chat_template, messages, add_generation_prompt=add_generation_prompt)
+        return self.prompts.render(messages, add_generation_prompt)
 
     def special_texts(self) -> list[str]:
-        """The text of every control token of the vocabulary (computed once)."""
-        if self._specials is None:
-            self._live()
-            ids = self.target.control_tokens()  # EngineClosedError if another thread closed it meanwhile
-            self._specials = sorted({self.target.token_bytes(i, special=True).decode("utf-8", "replace") for i in ids} - {""})
-        return self._specials
+        return self.prompts.special_texts()
 
     def max_token_bytes(self) -> int:
-        """The most bytes one token of the target's vocabulary stands for (computed once)."""
-        if self._max_token_bytes is None:
-            self._max_token_bytes = max((len(t.encode("utf-8", "surrogateescape")) for t in self.target.info.tokens), default=0) or 256
-        return self._max_token_bytes
+        return self.prompts.max_token_bytes()
 
     def check_prompt_size(self, n_bytes: int) -> None:
-        """ContextFullError, before any tokenization, for a text that cannot fit in the context whatever its tokens:
-        no token of the vocabulary stands for more than max_token_bytes bytes. Bounds the memory a huge prompt takes
-        (a 32 MB body would be tens of millions of token ids, a Python int each)."""
-        limit = self.target.n_ctx * self.max_token_bytes()
-        if n_bytes > limit:
-            raise ContextFullError(
-                f"the prompt is {n_bytes} bytes: far more than a context of {self.target.n_ctx} tokens holds (no token of "
-                f"this vocabulary is longer than {self._max_token_bytes} bytes); shorten it or use a larger context"
-            )
+        self.prompts.check_prompt_size(n_bytes)
 
     def segment_tokens(self, segments: Sequence[tuple[str, bool]], *, add_bos: bool) -> list[int]:
-        """Token ids for rendered segments: markup with control tokens parsed, contents as plain text."""
-        self._live()
-        out: list[int] = []
-        for i, (text, is_content) in enumerate(segments):
-            out += self.target.tokenize(text, add_special=add_bos and i == 0, parse_special=not is_content)
-        if add_bos and not segments:
-            out = self.target.tokenize("", add_special=True)
-        return out
+        return self.prompts.segment_tokens(segments, add_bos=add_bos)
 
     def chat_segments(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, tools: Sequence[Tool] = ()
     ) -> list[tuple[str, bool]]:
-        """The rendered conversation (chat_template.render_segments). Tools, tool calls and tool results go to the
-        model's template where it renders them, else into plain messages (structured.prompt_messages)."""
-        self._live()
-        template = self.chat_template
-        msgs, tool_list = prompt_messages(template, messages, tools) if isinstance(messages, Sequence) else (messages, None)
-        return chat_template.render_segments(
-            template, msgs, add_generation_prompt=add_generation_prompt, specials=_LazySpecials(self), tools=tool_list
-        )
+        return self.prompts.chat_segments(messages, add_generation_prompt, tools)
 
     def prompt_tokens(
         self, prompt: str | None = None, *, messages: Sequence[Mapping[str, Any]] | None = None, tools: Sequence[Tool] = ()
     ) -> list[int]:
-        """Token ids for a raw prompt (BOS added if the model wants it; control-token text stays text) or for chat
-        messages (rendered with the model's template: the template's markup becomes control tokens, message
-        contents never do), with the `tools` offered (structured.check_tools)."""
-        self._live()
-        if (prompt is None) == (messages is None):
-            raise ConfigError("give exactly one of prompt or messages")
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
-            self.check_prompt_size(len(prompt))  # characters: at most the bytes
-            toks = self.target.tokenize(prompt, add_special=True, parse_special=False)
-        else:
-            if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-                raise ConfigError(f"messages must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
-            if not messages:
-                raise ConfigError("messages must not be empty")
-            segments = self.chat_segments(messages, tools=tools)
-            self.check_prompt_size(sum(len(text) for text, _ in segments))  # characters: at most the bytes
-            toks = self.segment_tokens(segments, add_bos=True)
-        if not toks:
-            raise ConfigError("the prompt is empty")
-        return toks
+        return self.prompts.prompt_tokens(prompt, messages=messages, tools=tools)
 
-    # ----------------------------------------------------------------------------- fill-in-the-middle
     def fim_tokens(self) -> FimTokens:
-        """The target vocabulary's FIM tokens (see edgespec.prompts.infill)."""
-        if self._fim is None:
-            self._live()
-            self._fim = self.target.fim_tokens()
-        return self._fim
+        return self.prompts.fim_tokens()
 
     def infill_tokens(
         self,
@@ -400,63 +345,9 @@ class Engine:
         prompt: str = "",
         reserve: int = 0,
     ) -> list[int]:
-        """Token ids of the fill-in-the-middle prompt for the code around a cursor (layout: infill.fim_layout).
-        extra: other files' text as context (ExtraChunk, (filename, text), {"filename", "text"} or a text); prompt:
-        text typed after the prefix; reserve: tokens to leave free in the context for the middle (what does not fit
-        is cut: extra chunks first, then the prefix's start, then the suffix's end). ConfigError when the model has no
-        FIM tokens."""
-        fim = self.fim_tokens()
-        if fim.missing:
-            raise ConfigError(
-                f"{os.path.basename(self.target.spec.path)} cannot fill in the middle: its vocabulary has no FIM "
-                f"{'/'.join(fim.missing)} token (use a code model trained for infill, e.g. Qwen2.5-Coder)"
-            )
-        for name, v in (("prefix", prefix), ("suffix", suffix), ("prompt", prompt)):
-            if not isinstance(v, str):
-                raise ConfigError(f"{name} must be a string, got {type(v).__name__}")
-        if len(extra) > MAX_EXTRA_CHUNKS:
-            raise ConfigError(f"extra has {len(extra)} chunks; at most {MAX_EXTRA_CHUNKS} are taken (send the files nearest the cursor)")
-        chunks = [_extra_chunk(c, i) for i, c in enumerate(extra)]
-        _check_int("reserve", reserve, 0)
-        budget = max(4, self.target.n_ctx - reserve)
-        # Nothing far past what the budget keeps is tokenized (a 27 MB suffix was ~7M ids, 1-2 GiB): a long text is
-        # clipped at a line start, from the end the layout drops, to a part that has twice the tokens the budget
-        # keeps (tried growing: the most bytes a token stands for bounds the last try); extra chunks are tokenized
-        # from the cursor's side until they alone fill the budget (the layout drops the farther ones whole).
-        need = 2 * (budget + 8)
-        most = need * self.max_token_bytes()
+        return self.prompts.infill_tokens(prefix, suffix, extra=extra, prompt=prompt, reserve=reserve)
 
-        def tok(text: str) -> list[int]:
-            return self.target.tokenize(text, parse_special=False) if text else []
-
-        def clipped(text: str, keep_end: bool, want: int = need) -> list[int]:
-            cap = 16 * want
-            while True:
-                part = _clip(text, cap, keep_end=keep_end)
-                ids = tok(part)
-                if len(part) == len(text) or len(ids) >= want or cap >= most:
-                    return ids
-                cap = min(most, 4 * cap)
-
-        pairs: list[tuple[list[int], list[int]]] = []
-        n_extra = 0
-        for c in reversed(chunks):
-            if n_extra > budget:
-                break
-            pair = (clipped(c.filename + "\n", False), clipped(c.text, True))
-            n_extra += (fim.sep is not None) + len(pair[0]) + len(pair[1])
-            pairs.append(pair)
-        pairs.reverse()
-        typed = clipped(prompt, True)
-        before = clipped(prefix, True, need - len(typed)) if len(typed) < need else []
-        return fim_layout(
-            fim, before, clipped(suffix, False), prompt=typed,
-            extra=pairs,
-            repo=tok(REPO_NAME + "\n"), current_file=tok(FILE_NAME + "\n"),
-            bos=self.target.bos if self.target.add_bos and self.target.bos >= 0 else None,
-            budget=budget,
-        )
-
+    # ----------------------------------------------------------------------------- fill-in-the-middle
     def infill_stream(
         self,
         prefix: str,
@@ -536,7 +427,10 @@ class Engine:
         spec = request.spec
         if spec is not None and kind.uses_tree and spec.tree_nodes > self.target.tree_paths:
             raise ConfigError(f"tree_nodes {spec.tree_nodes} exceeds what this engine was loaded for ({self.target.tree_paths})")
-        ctx = self._request_tokens(request)
+        ctx = self.prompts.request_tokens(request)
+        self.prompts.check_fits(len(ctx), request.max_tokens)
+        # None: until the context is full
+        max_tokens = self.target.n_ctx - len(ctx) if request.max_tokens is None else request.max_tokens
         matcher = self.matcher(request.constraint) if request.constraint is not None else None
         if request.sampling.infill:
             if matcher is not None:  # its end-the-completion token may be one the grammar forbids
@@ -545,29 +439,15 @@ class Engine:
                 self.target.infill_vocab()  # built once per model, here rather than in the engine's thread
             except BackendError as e:
                 raise ConfigError(str(e)) from None
-        plan = _Plan(request, ctx, kind, spec or self.spec, matcher)
+        plan = _Plan(request, ctx, max_tokens, kind, spec or self.spec, matcher)
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
-        short = request.short if request.short is not None else request.infill is not None or request.max_tokens <= SHORT_TOKENS
-        job = Job(steps=lambda j, slot: self._steps(j, slot, plan, stats, ids, texts), size=request.max_tokens, short=short)
+        short = request.short if request.short is not None else request.infill is not None or max_tokens <= SHORT_TOKENS
+        job = Job(steps=lambda j, slot: self._steps(j, slot, plan, stats, ids, texts), size=max_tokens, short=short)
         job.prompt = ctx
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
-
-    def _request_tokens(self, request: GenerationRequest) -> list[int]:
-        """The context a request starts from: its tokens (inside the vocabulary), its prompt or messages tokenized,
-        or its infill prompt laid out (leaving max_tokens, at most half the context, free for the middle)."""
-        if request.tokens is not None:
-            ctx = list(request.tokens)
-            if max(ctx) >= self.target.n_vocab:
-                raise ConfigError(f"token id {max(ctx)} is outside the vocabulary (size {self.target.n_vocab})")
-            return ctx
-        if request.infill is not None:
-            fi = request.infill
-            reserve = min(request.max_tokens, self.target.n_ctx // 2)
-            return self.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
-        return self.prompt_tokens(request.prompt, messages=request.messages, tools=request.tools)
 
     def matcher(self, constraint: Constraint | Mapping[str, Any]) -> Matcher | None:
         """A fresh matcher for one generation (None for response_format {"type": "text"}); ConstraintError when the
@@ -668,7 +548,7 @@ class Engine:
         stats.costs = {**cost.describe(), "source": self.calibration.source}
         detok = StreamingDetokenizer(target.token_bytes, req.stop or ())
         steps = speculate_steps(
-            target, plan.ctx, sampling, rng, max_tokens=req.max_tokens, speculator=speculator, stats=stats,
+            target, plan.ctx, sampling, rng, max_tokens=plan.max_tokens, speculator=speculator, stats=stats,
             should_stop=job.cancel_event.is_set, on_prefill=req.on_prefill,
             constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs, clock=job.clock,
         )
@@ -837,6 +717,7 @@ class _Plan:
 
     request: GenerationRequest
     ctx: list[int]
+    max_tokens: int  # the request's, or what the context leaves
     kind: DrafterKind
     spec: SpecConfig
     matcher: Matcher | None
@@ -864,57 +745,11 @@ def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
     return info
 
 
-def _clip(text: str, cap: int, *, keep_end: bool) -> str:
-    """`text` within `cap` characters: its end (keep_end) or its start, cut after a newline when one lies in the
-    half of the kept part nearest the cut (a line start splits no word), else at `cap` characters."""
-    if len(text) <= cap:
-        return text
-    if cap <= 0:
-        return ""
-    if keep_end:
-        start = len(text) - cap
-        nl = text.find("\n", start, start + cap // 2)
-        return text[nl + 1:] if nl >= 0 else text[start:]
-    nl = text.rfind("\n", cap - cap // 2, cap)
-    return text[:nl + 1] if nl >= 0 else text[:cap]
-
-
-def _extra_chunk(c: Any, i: int) -> ExtraChunk:
-    """One extra context chunk for infill, from any of the accepted spellings."""
-    where = f"extra[{i}]"
-    if isinstance(c, ExtraChunk):
-        out = c
-    elif isinstance(c, str):
-        out = ExtraChunk(c)
-    elif isinstance(c, tuple) and len(c) == 2:
-        out = ExtraChunk(c[1], c[0])
-    elif isinstance(c, Mapping):
-        unknown = set(c) - {"text", "filename"}
-        if unknown:
-            raise ConfigError(f"{where} has unknown keys {sorted(unknown)} (it takes text and filename)")
-        out = ExtraChunk(c.get("text", ""), c.get("filename", "tmp"))
-    else:
-        raise ConfigError(f"{where} must be a text, a (filename, text) pair or a {{'filename', 'text'}} mapping")
-    if not isinstance(out.text, str) or not isinstance(out.filename, str):
-        raise ConfigError(f"{where}: text and filename must be strings")
-    return out
-
-
 def vocab_fingerprint(model: Model) -> str:
     """A name for the model's vocabulary (the suffix memory is only reused with the same one)."""
     import hashlib
 
     return "sha256:" + hashlib.sha256("\x00".join(model.info.tokens).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-class _LazySpecials:
-    """The vocabulary's control-token texts, computed only if a template needs them."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._engine.special_texts())
 
 
 __all__ = ["Engine", "Chunk", "Result", "Generation", "default_threads", "EdgespecError", "DRAFTER_KINDS"]

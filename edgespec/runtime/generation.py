@@ -604,6 +604,16 @@ class Generation:
         self.stats = stats
         self._finalizer = weakref.finalize(self, job.cancel)
 
+    @property
+    def prompt_tokens(self) -> list[int]:
+        """The token ids the generation starts from (its prompt as the target decodes it)."""
+        return list(self._job.prompt)
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens it generates (the request's max_tokens, or what the context left)."""
+        return self._job.size or 0
+
     # -- control
     def cancel(self) -> None:
         """Stop generating (within one cycle, or one prefill chunk); a queued generation never starts."""

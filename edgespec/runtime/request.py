@@ -89,7 +89,8 @@ class GenerationRequest:
     text), `messages` (chat messages rendered with the model's template; `tools` offered to it), `tokens` (ids as
     they are) or `infill` (the code around a cursor, InfillPrompt).
     sampling: SamplingParams (default DEFAULT_SAMPLING, llama.cpp's defaults; the seed is its `seed`).
-    max_tokens: the most tokens generated (0: evaluate the prompt into the cache only; at least 1 for infill).
+    max_tokens: the most tokens generated (0: evaluate the prompt into the cache only, an editor's warm-up; None:
+        until the context is full, and an infill leaves a quarter of the context for the middle).
     stop: stop strings (the text ends before the one that appears first).
     constraint: constraint.Constraint, or an OpenAI `response_format` object (see Engine.stream).
     logprobs: None, or how many most likely alternatives (0-20) each token reports.
@@ -108,7 +109,7 @@ class GenerationRequest:
     infill: InfillPrompt | None = None
     tools: "Sequence[Tool]" = ()  # kept as a tuple
     sampling: SamplingParams = DEFAULT_SAMPLING
-    max_tokens: int = 512
+    max_tokens: int | None = 512  # None: until the context is full
     stop: Sequence[str] | None = ()  # a string or strings, kept as a tuple (empty ones dropped)
     constraint: "Constraint | Mapping[str, Any] | None" = None
     logprobs: int | None = None
@@ -150,7 +151,8 @@ class GenerationRequest:
             put("sampling", DEFAULT_SAMPLING)
         elif not isinstance(self.sampling, SamplingParams):
             raise ConfigError("sampling must be a SamplingParams")
-        put("max_tokens", check_int("max_tokens", self.max_tokens, 1 if self.infill is not None else 0))
+        if self.max_tokens is not None:
+            put("max_tokens", check_int("max_tokens", self.max_tokens, 0))
         put("stop", check_stop(self.stop))
         if self.logprobs is not None:
             n = check_int("logprobs", self.logprobs, 0)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,6 +47,9 @@ from .core import JSON, RequestRecord, ServerState, Settings, error_response, se
 from .guards import BearerAuth, CountResponses, HostCheck
 from .responses import IGNORED_HEADER
 from .schema import APIError
+
+if TYPE_CHECKING:  # importing the server loads no llama.cpp
+    from edgespec.runtime.engine import Engine
 
 log = logging.getLogger("edgespec.server")
 
@@ -91,7 +94,7 @@ async def _internal_error_handler(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    engine: Any,
+    engine: Engine | Callable[[], Engine],
     settings: Settings | None = None,
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
@@ -102,9 +105,9 @@ def create_app(
     settings = settings or Settings()
     state = ServerState(settings=settings, on_load_error=on_load_error)
     if callable(engine) and not hasattr(engine, "stream"):
-        state.factory = engine
+        state.factory = cast("Callable[[], Engine]", engine)
     else:
-        state.set_engine(engine)
+        state.set_engine(cast("Engine", engine))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

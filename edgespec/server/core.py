@@ -20,20 +20,27 @@ import weakref
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Send
 
+from edgespec.config import SpecConfig
 from edgespec.decoding.constraint import ConstraintError
-from edgespec.errors import BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError, QueueFullError, TemplateError
-from edgespec.runtime.request import DrafterKind, GenerationRequest
+from edgespec.errors import (
+    BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError, PromptTooLongError, QueueFullError, TemplateError,
+)
+from edgespec.runtime.request import DrafterKind, GenerationRequest, InfillPrompt
 from . import schema
 from . import sse
 from .metrics import Metrics
 from .schema import APIError, CompletionRequest
+
+if TYPE_CHECKING:  # importing the server loads no llama.cpp
+    from edgespec.runtime.engine import Engine
+    from edgespec.runtime.generation import Generation
 
 log = logging.getLogger("edgespec.server")
 
@@ -147,8 +154,8 @@ def json_size(obj: Any) -> int:
 @dataclass
 class ServerState:
     settings: Settings
-    engine: Any = None
-    factory: Callable[[], Any] | None = None
+    engine: Engine | None = None
+    factory: Callable[[], Engine] | None = None
     on_load_error: Callable[[BaseException], None] | None = None
     load_error: str | None = None
     loaded_at: int = 0
@@ -166,7 +173,7 @@ class ServerState:
         """(requests in flight the server takes: slots + queue, the most one client may hold), or None when the
         engine's queue is unbounded."""
         eng = self.engine
-        max_queue = getattr(getattr(eng, "_worker", None), "max_queue", None)  # Engine(max_queue=...); None: unbounded
+        max_queue = getattr(eng, "max_queue", None)  # Engine(max_queue=...); None: unbounded
         if not isinstance(max_queue, int):
             return None
         slots = int(getattr(eng, "parallel", 1) or 1)
@@ -191,11 +198,11 @@ class ServerState:
                                "server's slots and queue; retry when one has finished", code="client_queue_full", headers=retry)
         return Admission.count(self, client)
 
-    def set_engine(self, engine: Any) -> None:
+    def set_engine(self, engine: Engine) -> None:
         self.loaded_at = int(time.time())
         self.engine = engine
 
-    def require_engine(self) -> Any:
+    def require_engine(self) -> Engine:
         if self.engine is None:
             if self.load_error is not None:
                 raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
@@ -207,10 +214,17 @@ class ServerState:
         return self.engine
 
     @property
+    def loaded(self) -> Engine:
+        """The engine, where the caller knows it was loaded (require_engine asked before); 503 if not."""
+        if self.engine is None:
+            raise APIError(503, "Loading model", code="loading")
+        return self.engine
+
+    @property
     def model_id(self) -> str:
         if self.settings.model_alias:
             return self.settings.model_alias
-        return model_stem(self.engine.target.spec.path)
+        return model_stem(self.loaded.target.spec.path)
 
     # -- loading in a thread
     def start_loading(self) -> None:
@@ -370,7 +384,7 @@ def api_error(e: BaseException) -> APIError:
 
 
 # --------------------------------------------------------------------------------------------- the generate path
-def request_spec(eng: Any, req: CompletionRequest) -> Any:
+def request_spec(eng: Engine, req: CompletionRequest) -> SpecConfig | None:
     """The engine's SpecConfig lowered to the request's draft limit, or None (the engine's) when the limit does not bind."""
     if req.draft_max is None or not req.speculative or eng.drafter_kind == DrafterKind.NONE:
         return None
@@ -383,44 +397,34 @@ def request_spec(eng: Any, req: CompletionRequest) -> Any:
     return replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
 
 
-def prepare(state: ServerState, req: CompletionRequest) -> tuple[Any, list[int], int]:
-    """In a worker thread (templates and tokenizers take time on long prompts): the prompt's tokens, the context
-    check, and the queued generation: the server's one GenerationRequest and its one call to Engine.start."""
+def prepare(state: ServerState, req: CompletionRequest) -> tuple[Generation, list[int], int]:
+    """In a worker thread (templates and tokenizers take time on long prompts): the server's one GenerationRequest
+    and its one call to Engine.start, which builds the prompt (runtime/prompt.py) and checks that it fits."""
     eng = state.engine
-    if req.infill is not None:
-        fi = req.infill
-        reserve = min(req.max_tokens or eng.target.n_ctx // 4, eng.target.n_ctx // 2)
-        tokens = eng.infill_tokens(fi.prefix, fi.suffix, extra=fi.extra, prompt=fi.prompt, reserve=reserve)
-        param = "prompt"
-    elif req.messages is not None:
-        tokens = eng.prompt_tokens(messages=req.messages, tools=req.tools)
-        param = "messages"
-    elif req.prompt is not None:
-        tokens = eng.prompt_tokens(req.prompt)
-        param = "prompt"
-    else:
-        tokens = req.prompt_tokens
-        param = "prompt"
-    n_ctx = eng.target.n_ctx
-    if len(tokens) >= n_ctx:
-        raise APIError(
-            400,
-            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} (the prompt and at least one generated token "
-            "must fit); shorten the prompt or start the server with a larger --ctx",
-            param=param,
-            code="context_length_exceeded",
-            extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx},
-        )
-    max_tokens = req.max_tokens if req.max_tokens is not None else n_ctx - len(tokens)
+    assert eng is not None  # read_body/generate asked require_engine first
+    fi = req.infill
     try:
         gen = eng.start(GenerationRequest(
-            tokens=tokens, sampling=req.sampling, max_tokens=max_tokens, stop=req.stop, speculative=req.speculative,
+            prompt=req.prompt if fi is None else None,
+            messages=req.messages if fi is None else None,
+            tools=tuple(req.tools) if req.messages is not None and fi is None else (),
+            tokens=req.prompt_tokens if fi is None and req.prompt is None and req.messages is None else None,
+            infill=InfillPrompt(fi.prefix, fi.suffix, fi.extra, fi.prompt) if fi is not None else None,
+            sampling=req.sampling, max_tokens=req.max_tokens, stop=req.stop, speculative=req.speculative,
             constraint=req.constraint, logprobs=req.logprobs, spec=request_spec(eng, req),
-            short=True if req.infill is not None else None,  # an editor's completion never waits behind a chat answer
+            short=True if fi is not None else None,  # an editor's completion never waits behind a chat answer
         ))
+    except PromptTooLongError as e:
+        raise APIError(
+            400,
+            f"{e}; shorten the prompt or start the server with a larger --ctx",
+            param="messages" if req.messages is not None and fi is None else "prompt",
+            code="context_length_exceeded",
+            extra={"n_prompt_tokens": e.n_prompt, "n_ctx": e.n_ctx},
+        ) from None
     except ConstraintError as e:  # e.g. a grammar that allows nothing with this model's vocabulary
         raise APIError(400, str(e), param="tools" if req.tools else "response_format", code="invalid_constraint") from None
-    return gen, tokens, max_tokens
+    return gen, gen.prompt_tokens, gen.max_tokens
 
 
 async def generate(
@@ -464,7 +468,7 @@ async def generate(
     return out
 
 
-async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tuple[Any, list[int], int]:
+async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tuple[Generation, list[int], int]:
     """prepare() in a worker thread, its failures as the client's errors."""
     try:
         return await anyio.to_thread.run_sync(prepare, state, req)

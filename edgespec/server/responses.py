@@ -119,7 +119,7 @@ class GenerationResponse:
         self.created = int(time.time())
         self.id = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
         self.model = state.model_id
-        self.drafter = state.engine.drafter_kind
+        self.drafter = state.loaded.drafter_kind
         self.spans: list[list[int]] = []  # [start, end) character ranges of text from accepted drafts
         self._chars = 0
         self.headers = ignored_headers(req.ignored)
@@ -258,7 +258,7 @@ class GenerationResponse:
 
     # -- logprobs
     def _token(self, t: int) -> tuple[str, list[int]]:
-        data = self.state.engine.target.token_bytes(t)
+        data = self.state.loaded.target.token_bytes(t)
         return data.decode("utf-8", "replace"), list(data)
 
     def _logprobs(self, lps: list[Any] | None) -> dict[str, Any] | None:

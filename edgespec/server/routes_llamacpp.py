@@ -235,7 +235,7 @@ class LlamaCompletionResponse(GenerationResponse):
     def _settings(self) -> dict[str, Any]:
         s = self.req.sampling
         return {
-            "n_ctx": self.state.engine.target.n_ctx, "n_predict": self.record.max_tokens, "model": self.model,
+            "n_ctx": self.state.loaded.target.n_ctx, "n_predict": self.record.max_tokens, "model": self.model,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
             "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty, "stop": list(self.req.stop), "stream": self.req.stream,
@@ -243,7 +243,7 @@ class LlamaCompletionResponse(GenerationResponse):
         }
 
     def _stopping_word(self) -> str:
-        full = self.state.engine.target.detokenize(self.gen.token_ids)
+        full = self.state.loaded.target.detokenize(self.gen.token_ids)
         rest = full[len(self.gen.text):]
         return next((s for s in self.req.stop if rest.startswith(s)), next((s for s in self.req.stop if s in rest), ""))
 
@@ -325,7 +325,7 @@ async def tokenize(request: Request) -> Response:
     if size > limit:
         raise bad("content", f"content is {size} bytes of UTF-8; /tokenize takes at most {limit}"
                   + (" with with_pieces" if flags["with_pieces"] else "") + " (send it in parts)")
-    eng = server_state(request).engine
+    eng = server_state(request).loaded
     ids = await anyio.to_thread.run_sync(
         lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
     out: Any = [{"id": t, "piece": _piece(eng.target.token_bytes(t, special=True))} for t in ids] if flags["with_pieces"] else ids
@@ -335,7 +335,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     body = await read_body(request)
     toks = validate_body(DetokenizeBody, body).tokens
-    eng = server_state(request).engine
+    eng = server_state(request).loaded
     if toks is None:
         raise bad("tokens", "tokens must be an array of token ids")
     bad_ids = [t for t in toks if not 0 <= t < eng.target.n_vocab]
@@ -348,9 +348,9 @@ async def detokenize(request: Request) -> Response:
 async def apply_template(request: Request) -> Response:
     body = await read_body(request)
     req = schema.parse_chat({"messages": body.get("messages")})
-    eng = server_state(request).engine
+    eng = server_state(request).loaded
     try:
-        prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages))
+        prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages or []))
     except (TemplateError, ConfigError) as e:
         raise bad("messages", str(e)) from None
     return JSON({"prompt": prompt}, headers=ignored_headers(schema.ignored_keys(body, {"messages"})))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Annotated, Any, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Mapping
 
 from pydantic import Field, Strict
 from starlette.requests import Request
@@ -38,9 +38,12 @@ from edgespec.errors import ConfigError, TemplateError
 from . import schema
 from . import sse
 from . import core
-from .core import JSON, read_body, send_json, server_state
+from .core import JSON, ServerState, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
 from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
+
+if TYPE_CHECKING:  # importing the server loads no llama.cpp
+    from edgespec.runtime.engine import Engine
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 # options -> the OpenAI-style key schema reads
@@ -184,7 +187,7 @@ def _parse(parse: Any, mapped: Mapping[str, Any]) -> CompletionRequest:
         raise APIError(e.status, msg, param=name + p[len(head):], code=e.code, headers=e.headers) from None
 
 
-def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
+def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Engine | None = None) -> CompletionRequest:
     ob = validate_body(OllamaBody, body)
     mapped, ignored = _common(body, n_ctx, CHAT_KEYS, ob)
     msgs = body.get("messages")
@@ -207,7 +210,7 @@ def parse_ollama_chat(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> C
     return replace(req, ignored=ignored, logprobs=_logprobs(ob))
 
 
-def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Any = None) -> CompletionRequest:
+def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Engine | None = None) -> CompletionRequest:
     """The request; with eng (the engine), a `context` is read and the prompt becomes its tokens and the new turn's."""
     m = validate_body(OllamaGenerateBody, body)
     mapped, ignored = _common(body, n_ctx, GENERATE_KEYS, m)
@@ -226,8 +229,10 @@ def parse_ollama_generate(body: Mapping[str, Any], n_ctx: int, eng: Any = None) 
     req = replace(_parse(schema.parse_chat, {**mapped, "messages": messages}), kind="completion", ignored=ignored, logprobs=lp)
     if not context:
         return req
+    if eng is None:
+        raise bad("context", "context needs the model's template: the model is not loaded")
     try:  # the new turn after the earlier tokens (no second BOS)
-        turn = eng.segment_tokens(eng.chat_segments(req.messages), add_bos=False)
+        turn = eng.segment_tokens(eng.chat_segments(req.messages or []), add_bos=False)
     except (ConfigError, TemplateError) as e:
         raise bad("prompt", str(e)) from None
     return replace(req, messages=None, prompt_tokens=context + turn)
@@ -334,7 +339,7 @@ async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: st
     try:
         state = server_state(request)
         body = await read_body(request)
-        eng = state.engine
+        eng = state.loaded
         if cls is OllamaGenerateResponse and not body.get("prompt") and not body.get("suffix"):
             _common(body, eng.target.n_ctx, GENERATE_KEYS, validate_body(OllamaBody, body))  # the checks still apply
             # Ollama: an empty prompt loads the model and answers at once
@@ -357,7 +362,7 @@ def _ollama_name(state: Any) -> str:
     return mid if ":" in mid else mid + ":latest"
 
 
-def _details(eng: Any) -> dict[str, Any]:
+def _details(eng: Engine) -> dict[str, Any]:
     info = eng.target.info
     n = info.n_params
     size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
@@ -365,13 +370,13 @@ def _details(eng: Any) -> dict[str, Any]:
             "parameter_size": size, "quantization_level": info.quantization}
 
 
-def _listed(state: Any, eng: Any) -> dict[str, Any]:
+def _listed(state: ServerState, eng: Engine) -> dict[str, Any]:
     """The fields /api/tags and /api/ps list the served model with."""
     name = _ollama_name(state)
     return {"name": name, "model": name, "size": eng.target.info.file_size, "digest": "", "details": _details(eng)}
 
 
-def _modified(eng: Any) -> str:
+def _modified(eng: Engine) -> str:
     return datetime.fromtimestamp(eng.target.info.path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
@@ -388,7 +393,7 @@ async def show(request: Request) -> Response:
     state = server_state(request)
     try:
         body = await read_body(request)
-        eng = state.engine
+        eng = state.loaded
         want = body.get("model", body.get("name"))
         if not isinstance(want, str) or not want:
             raise bad("model", "model is required")
