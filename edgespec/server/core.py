@@ -33,7 +33,8 @@ from edgespec.runtime.request import DrafterKind, GenerationRequest
 from . import schema
 from . import sse
 from .metrics import Metrics
-from .schema import APIError, CompletionRequest
+from .api_errors import APIError
+from .schema import CompletionRequest
 
 log = logging.getLogger("edgespec.server")
 

@@ -40,7 +40,9 @@ from . import sse
 from . import core
 from .core import JSON, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
-from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
+from .api_errors import APIError, bad, unsupported
+from .bodies import Body, Bool, Says, Str, validate_body
+from .schema import CompletionRequest, InfillInput
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 # options -> the OpenAI-style key schema reads

@@ -32,7 +32,9 @@ from . import schema
 from . import sse
 from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, Body, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body
+from .api_errors import APIError, bad, unsupported
+from .bodies import MAX_TOKENS_LIMIT, Body, Bool, Integer, Says, Str, validate_body
+from .schema import CompletionRequest
 
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
@@ -57,8 +59,8 @@ class ResponsesBody(Body):
     text: Annotated[dict[str, Any] | None, Says("text must be an object like {\"format\": {\"type\": \"text\"}}")] = None
     store: Annotated[Bool | None, Says("store must be true or false")] = None
     metadata: Annotated[dict[str, Any] | None, Says("metadata must be an object of string keys and string values")] = None
-    top_logprobs: Annotated[schema.Integer, Field(ge=0, le=20)] = None  # then refused unless 0 (to_chat_body)
-    max_tool_calls: Annotated[schema.Integer, Field(ge=1, le=schema.MAX_TOKENS_LIMIT)] = None  # checked, then reported ignored
+    top_logprobs: Annotated[Integer, Field(ge=0, le=20)] = None  # then refused unless 0 (to_chat_body)
+    max_tool_calls: Annotated[Integer, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None  # checked, then reported ignored
 
     @field_validator("metadata", mode="after")
     @classmethod
