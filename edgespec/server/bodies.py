@@ -1,5 +1,5 @@
 """The request bodies' parameters as pydantic models (CommonBody, ChatBody, CompletionBody; the other routes' own
-fields in their route modules, with `Says` for an API's own wording), and `validate_body`, which checks a body against
+fields in their route modules, with `ErrorText` for an API's own wording), and `validate_body`, which checks a body against
 one: `validation_error` is the one place where a pydantic ValidationError becomes the one-line 400 that names the
 parameter. JSON null is "not given" (None), as OpenAI treats it; unknown keys are kept (extra="allow") and reported
 ignored (refused.ignored_keys)."""
@@ -20,17 +20,17 @@ MAX_TOKENS_LIMIT = 1 << 20
 B = TypeVar("B", bound=BaseModel)
 
 
-class _Kind:
+class _RangeWording:
     """Field metadata: how a range error is worded (a number's bounds with :g and open/closed brackets, or an integer's)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
 
-NUMBER, INTEGER = _Kind("number"), _Kind("integer")
+NUMBER_RANGE, INTEGER_RANGE = _RangeWording("number"), _RangeWording("integer")
 
 
-class Says:
+class ErrorText:
     """Field metadata: the line any error in this field is answered with (an API's own wording, e.g. llama-server's
     or Ollama's); `item` words an error inside one element of an array field ("{where}" is that element's name,
     input_extra[2]), which is then the parameter named."""
@@ -44,14 +44,14 @@ def _integral(v: Any) -> Any:
     return int(v) if isinstance(v, float) and v.is_integer() else v  # 5.0 from a JavaScript client is 5
 
 
-Num = Annotated[float, Strict(), AllowInfNan(False)]  # a finite JSON number (an integer too), never a string or a boolean
-Int = Annotated[int, BeforeValidator(_integral), Strict()]
+JsonNumber = Annotated[float, Strict(), AllowInfNan(False)]  # a finite JSON number (an integer too), never a string or a boolean
+JsonInteger = Annotated[int, BeforeValidator(_integral), Strict()]  # a JSON integer (5.0 too), never a string or a boolean
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 
-
-Number = Annotated[Num | None, Field(allow_inf_nan=False), NUMBER]  # a range: Annotated[Number, Field(ge=..., le=...)]
-Integer = Annotated[Int | None, INTEGER]
+# A body's optional numeric parameter (null: not given) with its range error worded: Annotated[NumberParam, Field(ge=..., le=...)]
+NumberParam = Annotated[JsonNumber | None, Field(allow_inf_nan=False), NUMBER_RANGE]
+IntegerParam = Annotated[JsonInteger | None, INTEGER_RANGE]
 
 
 class Body(BaseModel):
@@ -72,22 +72,22 @@ class CommonBody(Body):
     model: Str | None = None
     stream: Bool | None = None
     stream_options: StreamOptions | None = None
-    max_completion_tokens: Annotated[Integer, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
-    max_tokens: Annotated[Integer, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
-    n_predict: Annotated[Integer, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None  # llama.cpp's name; -1 = no limit
+    max_completion_tokens: Annotated[IntegerParam, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
+    max_tokens: Annotated[IntegerParam, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None
+    n_predict: Annotated[IntegerParam, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None  # llama.cpp's name; -1 = no limit
     samplers: Any = None
-    temperature: Annotated[Number, Field(ge=0.0, le=2.0)] = None
-    top_p: Annotated[Number, Field(ge=0.0, le=1.0)] = None
-    seed: Annotated[Integer, Field(ge=-1, le=MAX_SEED)] = None
-    repeat_last_n: Annotated[Integer, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None
-    top_k: Annotated[Integer, Field(ge=-1, le=1 << 30)] = None
-    min_p: Annotated[Number, Field(ge=0.0, lt=1.0)] = None
-    repeat_penalty: Annotated[Number, Field(ge=1e-6, le=1e6)] = None
-    presence_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = None
-    frequency_penalty: Annotated[Number, Field(ge=-2.0, le=2.0)] = None
+    temperature: Annotated[NumberParam, Field(ge=0.0, le=2.0)] = None
+    top_p: Annotated[NumberParam, Field(ge=0.0, le=1.0)] = None
+    seed: Annotated[IntegerParam, Field(ge=-1, le=MAX_SEED)] = None
+    repeat_last_n: Annotated[IntegerParam, Field(ge=-1, le=MAX_TOKENS_LIMIT)] = None
+    top_k: Annotated[IntegerParam, Field(ge=-1, le=1 << 30)] = None
+    min_p: Annotated[NumberParam, Field(ge=0.0, lt=1.0)] = None
+    repeat_penalty: Annotated[NumberParam, Field(ge=1e-6, le=1e6)] = None
+    presence_penalty: Annotated[NumberParam, Field(ge=-2.0, le=2.0)] = None
+    frequency_penalty: Annotated[NumberParam, Field(ge=-2.0, le=2.0)] = None
     speculative: Bool | None = None
-    draft_max: Annotated[Integer, Field(ge=0, le=64)] = None
-    speculative_n_max: Annotated[Integer, Field(ge=0, le=64, alias="speculative.n_max")] = None  # llama-server's spelling
+    draft_max: Annotated[IntegerParam, Field(ge=0, le=64)] = None
+    speculative_n_max: Annotated[IntegerParam, Field(ge=0, le=64, alias="speculative.n_max")] = None  # llama-server's spelling
     stop: Any = None
     show_draft: Bool | None = None
     logprobs: Any = None
@@ -120,7 +120,7 @@ class CommonBody(Body):
 class ChatBody(CommonBody):
     messages: Any = None
     logprobs: Bool | None = None
-    top_logprobs: Annotated[Integer, Field(ge=0, le=20)] = None
+    top_logprobs: Annotated[IntegerParam, Field(ge=0, le=20)] = None
 
     @field_validator("top_logprobs", mode="before")
     @classmethod
@@ -133,10 +133,10 @@ class ChatBody(CommonBody):
 class CompletionBody(CommonBody):
     prompt: Any = None
     suffix: Str | None = None
-    logprobs: Annotated[Integer, Field(ge=0, le=5)] = None  # the completions API: how many alternatives (null = off)
+    logprobs: Annotated[IntegerParam, Field(ge=0, le=5)] = None  # the completions API: how many alternatives (null = off)
     # chat's field, not the completions API's (`logprobs` is the count here): checked as chat checks it, then not
     # read (reported ignored: it is outside COMMON_KEYS)
-    top_logprobs: Annotated[Integer, Field(ge=0, le=20)] = None
+    top_logprobs: Annotated[IntegerParam, Field(ge=0, le=20)] = None
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -153,11 +153,11 @@ def _metadata(model: type[BaseModel], name: Any) -> list[Any]:
     return list(field_info.metadata) if field_info is not None else []
 
 
-def _limits(model: type[BaseModel], name: str) -> tuple[_Kind | None, Any, Any, bool, bool]:
+def _limits(model: type[BaseModel], name: str) -> tuple[_RangeWording | None, Any, Any, bool, bool]:
     """(kind, lower bound, upper bound, lower open, upper open) of a top-level field."""
     kind, lo, hi, lo_open, hi_open = None, None, None, False, False
     for m in _metadata(model, name):
-        if isinstance(m, _Kind):
+        if isinstance(m, _RangeWording):
             kind = m
         for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True), ("le", False, False), ("lt", False, True)):
             v = getattr(m, attr, None)
@@ -178,12 +178,12 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> APIError:
     kind = err["type"]
     if kind == "edgespec":  # a check of our own, worded in full
         return bad(name, str(err["msg"]))
-    says = next((m for m in _metadata(model, loc[0]) if isinstance(m, Says)), None) if loc else None
-    if says is not None:
-        if says.item is not None and len(loc) > 1 and isinstance(loc[1], int):
+    text = next((m for m in _metadata(model, loc[0]) if isinstance(m, ErrorText)), None) if loc else None
+    if text is not None:
+        if text.item is not None and len(loc) > 1 and isinstance(loc[1], int):
             where = _where(loc[:2])
-            return bad(where, says.item.format(where=where))
-        return bad(str(loc[0]), says.message)
+            return bad(where, text.item.format(where=where))
+        return bad(str(loc[0]), text.message)
     shown = f"{json_type(v)} {json.dumps(v, default=str)[:40]}"
     if kind in ("bool_type", "bool_parsing"):
         return bad(name, f"{name} must be true or false, got {json_type(v)}")
@@ -201,7 +201,7 @@ def validation_error(e: ValidationError, model: type[BaseModel]) -> APIError:
     if kind in ("float_type", "float_parsing", "finite_number"):
         return bad(name, f"{name} must be a number, got {shown}")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and lo is not None and hi is not None:
-        if f_kind is INTEGER:
+        if f_kind is INTEGER_RANGE:
             got = _integral(v)
             digits = len(str(abs(got))) if isinstance(got, int) else 0
             shown_int = f"{v:g}" if isinstance(v, float) and digits > 20 else got if digits <= 20 else f"an integer of {digits} digits"
@@ -221,5 +221,5 @@ def validate_body(model: type[B], body: Mapping[str, Any]) -> B:
 # Keys CommonBody reads: anything else in a body, but the refused features, is reported ignored.
 COMMON_KEYS = frozenset(f.alias or n for n, f in CommonBody.model_fields.items())
 
-__all__ = ["B", "Body", "Bool", "ChatBody", "COMMON_KEYS", "CommonBody", "CompletionBody", "Int", "Integer", "MAX_STOPS",
-           "MAX_TOKENS_LIMIT", "Num", "Number", "Says", "StreamOptions", "Str", "validate_body", "validation_error"]
+__all__ = ["B", "Body", "Bool", "ChatBody", "COMMON_KEYS", "CommonBody", "CompletionBody", "ErrorText", "IntegerParam", "JsonInteger",
+           "JsonNumber", "MAX_STOPS", "MAX_TOKENS_LIMIT", "NumberParam", "StreamOptions", "Str", "validate_body", "validation_error"]

@@ -36,7 +36,7 @@ from . import sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .api_errors import APIError, bad
-from .bodies import Body, Bool, Num, Says, Str, validate_body
+from .bodies import Body, Bool, ErrorText, JsonNumber, Str, validate_body
 from .refused import ignored_keys
 from .schema import CompletionRequest, InfillInput
 
@@ -55,16 +55,16 @@ TOKENIZE_PIECES_MAX_BYTES = 2**20
 class LlamaBody(Body):
     """What /completion reads besides bodies.CommonBody (llama-server's own fields; its wording of their errors)."""
 
-    response_fields: Annotated[list[Str] | None, Says("response_fields must be an array of field names (a nested one as a/b)")] = None
+    response_fields: Annotated[list[Str] | None, ErrorText("response_fields must be an array of field names (a nested one as a/b)")] = None
     n_indent: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=INT32_MAX),
-                        Says("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
-    t_max_predict_ms: Annotated[Num | None, Field(ge=0), Says("t_max_predict_ms must be a number of milliseconds >= 0")] = None
-    return_tokens: Annotated[Bool | None, Says("return_tokens must be true or false")] = None
+                        ErrorText("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
+    t_max_predict_ms: Annotated[JsonNumber | None, Field(ge=0), ErrorText("t_max_predict_ms must be a number of milliseconds >= 0")] = None
+    return_tokens: Annotated[Bool | None, ErrorText("return_tokens must be true or false")] = None
     # accepted without effect (the KV cache is always reused; the server picks the slot), but checked as llama-server
     # reads them
-    cache_prompt: Annotated[Bool | None, Says("cache_prompt must be true or false")] = None
+    cache_prompt: Annotated[Bool | None, ErrorText("cache_prompt must be true or false")] = None
     id_slot: Annotated[Annotated[int, Strict()] | None, Field(ge=-1, le=INT32_MAX),
-                       Says("id_slot must be an integer >= -1 (-1: any slot)")] = None
+                       ErrorText("id_slot must be an integer >= -1 (-1: any slot)")] = None
 
     @property
     def t_max(self) -> float | None:
@@ -81,22 +81,22 @@ class ExtraFile(Body):
 class InfillBody(LlamaBody):
     """What /infill reads besides bodies.CommonBody."""
 
-    prompt: Annotated[Str | None, Says("prompt must be a string (text typed after input_prefix)")] = None
-    input_prefix: Annotated[Str | None, Says("input_prefix must be a string")] = None
-    input_suffix: Annotated[Str | None, Says("input_suffix must be a string")] = None
-    input_extra: Annotated[list[ExtraFile] | None, Says("input_extra must be an array of {\"filename\", \"text\"} objects",
+    prompt: Annotated[Str | None, ErrorText("prompt must be a string (text typed after input_prefix)")] = None
+    input_prefix: Annotated[Str | None, ErrorText("input_prefix must be a string")] = None
+    input_suffix: Annotated[Str | None, ErrorText("input_suffix must be a string")] = None
+    input_extra: Annotated[list[ExtraFile] | None, ErrorText("input_extra must be an array of {\"filename\", \"text\"} objects",
                                                         item="{where} must be an object with string text and filename")] = None
 
 
 class TokenizeBody(Body):
-    content: Annotated[Str | None, Says("content must be a string")] = None
-    add_special: Annotated[Bool | None, Says("add_special must be true or false")] = None
-    parse_special: Annotated[Bool | None, Says("parse_special must be true or false")] = None
-    with_pieces: Annotated[Bool | None, Says("with_pieces must be true or false")] = None
+    content: Annotated[Str | None, ErrorText("content must be a string")] = None
+    add_special: Annotated[Bool | None, ErrorText("add_special must be true or false")] = None
+    parse_special: Annotated[Bool | None, ErrorText("parse_special must be true or false")] = None
+    with_pieces: Annotated[Bool | None, ErrorText("with_pieces must be true or false")] = None
 
 
 class DetokenizeBody(Body):
-    tokens: Annotated[list[Annotated[int, Strict()]] | None, Says("tokens must be an array of token ids")] = None
+    tokens: Annotated[list[Annotated[int, Strict()]] | None, ErrorText("tokens must be an array of token ids")] = None
 
 
 def _llama_body(body: Mapping[str, Any], known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:

@@ -41,7 +41,7 @@ from . import core
 from .core import JSON, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
 from .api_errors import APIError, bad, unsupported
-from .bodies import Body, Bool, Says, Str, validate_body
+from .bodies import Body, Bool, ErrorText, Str, validate_body
 from .schema import CompletionRequest, InfillInput
 
 NDJSON_HEADERS = [(b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -78,19 +78,19 @@ class OllamaBody(Body):
     """The fields of /api/chat and /api/generate checked here (Ollama's wording of their errors); `options` are
     mapped by _options, `messages` and the rest by schema.parse_chat / parse_completion."""
 
-    stream: Annotated[Bool | None, Says("stream must be true or false")] = None
-    options: Annotated[dict[str, Any] | None, Says("options must be an object")] = None
-    logprobs: Annotated[Bool | None, Says("logprobs must be true or false")] = None
-    top_logprobs: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=20), Says("top_logprobs must be between 0 and 20")] = None
+    stream: Annotated[Bool | None, ErrorText("stream must be true or false")] = None
+    options: Annotated[dict[str, Any] | None, ErrorText("options must be an object")] = None
+    logprobs: Annotated[Bool | None, ErrorText("logprobs must be true or false")] = None
+    top_logprobs: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=20), ErrorText("top_logprobs must be between 0 and 20")] = None
 
 
 class OllamaGenerateBody(OllamaBody):
-    prompt: Annotated[Str | None, Says("prompt must be a string")] = None
-    suffix: Annotated[Str | None, Says("suffix must be a string")] = None
-    system: Annotated[Str | None, Says("system must be a string")] = None
-    raw: Annotated[Bool | None, Says("raw must be true or false")] = None
+    prompt: Annotated[Str | None, ErrorText("prompt must be a string")] = None
+    suffix: Annotated[Str | None, ErrorText("suffix must be a string")] = None
+    system: Annotated[Str | None, ErrorText("system must be a string")] = None
+    raw: Annotated[Bool | None, ErrorText("raw must be true or false")] = None
     context: Annotated[list[Annotated[int, Strict()]] | None,
-                       Says("context must be an array of token ids (the context of an earlier answer)")] = None
+                       ErrorText("context must be an array of token ids (the context of an earlier answer)")] = None
 
 
 def _options(opts: dict[str, Any] | None, n_ctx: int) -> tuple[dict[str, Any], list[str]]:
