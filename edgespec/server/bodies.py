@@ -1,8 +1,8 @@
 """The request bodies' parameters as pydantic models (CommonBody, ChatBody, CompletionBody; the other routes' own
-fields in their route modules, with `ErrorText` for an API's own wording), and `validate_body`, which checks a body against
-one: `validation_error` is the one place where a pydantic ValidationError becomes the one-line 400 that names the
-parameter. JSON null is "not given" (None), as OpenAI treats it; unknown keys are kept (extra="allow") and reported
-ignored (refused.ignored_keys)."""
+fields in their route modules, with `ErrorText` for an API's own wording), and `validate_body`, which checks a body
+against one: `validation_error` is the one place where a pydantic ValidationError becomes the one-line 400 that names
+the parameter. JSON null is "not given" (None), as OpenAI treats it; unknown keys are kept (extra="allow") and
+reported ignored (refused.ignored_keys)."""
 
 from __future__ import annotations
 
