@@ -13,7 +13,8 @@ from typing import Any, Callable
 import pytest
 from click.testing import CliRunner
 
-from edgespec.runtime.chat import FILE_FORMAT, FILE_VERSION, ChatError, ChatSession, parse_conversation
+from edgespec.runtime.chat import ChatError, ChatSession
+from edgespec.runtime.chat_file import FILE_FORMAT, FILE_VERSION, parse_conversation
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.runtime.engine import Engine

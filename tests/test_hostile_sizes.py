@@ -95,7 +95,8 @@ def test_resuming_many_short_messages_renders_log_n_times(tiny, tmp_path, monkey
     count in turn: 193 s), and drops what the one-by-one search dropped (the fewest turns that leave half the room)."""
     import json
 
-    from edgespec.runtime.chat import FILE_FORMAT, FILE_VERSION, ChatSession
+    from edgespec.runtime.chat import ChatSession
+    from edgespec.runtime.chat_file import FILE_FORMAT, FILE_VERSION
     from edgespec.config import SamplingParams
     from edgespec.runtime.engine import Engine
 

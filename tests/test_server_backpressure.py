@@ -25,7 +25,7 @@ from stalled_clients import metrics, soak, stalled_body, stalled_request
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.runtime.engine import Engine
 from edgespec.server.core import ServerState, Settings
-from edgespec.server.schema import APIError
+from edgespec.server.api_errors import APIError
 
 GREEDY = SamplingParams(temperature=0)
 LONG_CTX = 8192  # a stream of 8000 tokens with top-20 logprobs is ~12 MB: more than the kernel's socket buffers hold

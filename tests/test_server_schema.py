@@ -1,11 +1,14 @@
-"""Request bodies (server/schema.py's pydantic models and route models): the exact one-line errors a client reads,
-the same whichever route parses the body, and what a valid body becomes. No model is loaded."""
+"""Request bodies (server/bodies.py's pydantic models and route models, server/schema.py's translation): the exact
+one-line errors a client reads, the same whichever route parses the body, and what a valid body becomes. No model is
+loaded."""
 
 from __future__ import annotations
 
 import pytest
 
 from edgespec.server import schema
+from edgespec.server.api_errors import APIError
+from edgespec.server.bodies import COMMON_KEYS, validate_body
 from edgespec.server.core import ResponseStore
 from edgespec.server.routes_llamacpp import InfillBody, TokenizeBody
 from edgespec.server.routes_ollama import parse_ollama_generate
@@ -43,7 +46,7 @@ ERRORS = [  # (extra body fields, param, message) as the server answered them be
 @pytest.mark.parametrize("extra,param,message", ERRORS, ids=[p for _, p, _ in ERRORS])
 def test_chat_and_completion_errors_are_one_exact_line(extra, param, message):
     for parse, body in ((schema.parse_chat, {"messages": MSG}), (schema.parse_completion, {"prompt": "hi"})):
-        with pytest.raises(schema.APIError) as e:
+        with pytest.raises(APIError) as e:
             parse({**body, **extra})
         err = e.value
         assert (err.status, err.param, err.message, err.code) == (400, param, message, "invalid_value")
@@ -51,11 +54,11 @@ def test_chat_and_completion_errors_are_one_exact_line(extra, param, message):
 
 
 def test_chat_only_fields():
-    with pytest.raises(schema.APIError, match=r"^top_logprobs needs logprobs: true$"):
+    with pytest.raises(APIError, match=r"^top_logprobs needs logprobs: true$"):
         schema.parse_chat({"messages": MSG, "top_logprobs": 3})
-    with pytest.raises(schema.APIError, match=r"^top_logprobs must be in \[0, 20\], got 21$"):
+    with pytest.raises(APIError, match=r"^top_logprobs must be in \[0, 20\], got 21$"):
         schema.parse_chat({"messages": MSG, "logprobs": True, "top_logprobs": 21})
-    with pytest.raises(schema.APIError, match=r"^logprobs must be in \[0, 5\], got 6$"):
+    with pytest.raises(APIError, match=r"^logprobs must be in \[0, 5\], got 6$"):
         schema.parse_completion({"prompt": "hi", "logprobs": 6})
 
 
@@ -68,7 +71,7 @@ def test_a_valid_body_becomes_the_request():
     assert req.ignored == ("zz",)  # unknown keys are kept and reported, never silent
     greedy = schema.parse_completion({"prompt": [1, 2], "top_p": 0, "temperature": 1.5, "n_predict": -1})
     assert greedy.sampling.temperature == 0.0 and greedy.prompt_tokens == [1, 2] and greedy.max_tokens is None
-    assert schema.COMMON_KEYS >= {"speculative.n_max", "max_completion_tokens", "samplers", "grammar"}
+    assert COMMON_KEYS >= {"speculative.n_max", "max_completion_tokens", "samplers", "grammar"}
 
 
 def test_route_fields_keep_their_apis_wording():
@@ -80,14 +83,14 @@ def test_route_fields_keep_their_apis_wording():
         (TokenizeBody, {"content": "x", "with_pieces": 1}, "with_pieces", "with_pieces must be true or false"),
     ]
     for model, body, param, message in cases:
-        with pytest.raises(schema.APIError) as e:
-            schema.validate_body(model, body)
+        with pytest.raises(APIError) as e:
+            validate_body(model, body)
         assert (e.value.param, e.value.message) == (param, message)
-    with pytest.raises(schema.APIError, match=r"^top_logprobs must be between 0 and 20$"):
+    with pytest.raises(APIError, match=r"^top_logprobs must be between 0 and 20$"):
         parse_ollama_generate({"prompt": "hi", "logprobs": True, "top_logprobs": 21}, 4096)
-    with pytest.raises(schema.APIError, match=r"^metadata has 17 pairs; at most 16$"):
+    with pytest.raises(APIError, match=r"^metadata has 17 pairs; at most 16$"):
         parse_responses({"input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, ResponseStore())
-    with pytest.raises(schema.APIError, match=r"^max_output_tokens must be in \[1, 1048576\], got 0$") as e:
+    with pytest.raises(APIError, match=r"^max_output_tokens must be in \[1, 1048576\], got 0$") as e:
         parse_responses({"input": "hi", "max_output_tokens": 0}, ResponseStore())
     assert e.value.param == "max_output_tokens"
 
@@ -101,7 +104,7 @@ def test_route_fields_keep_their_apis_wording():
 ])
 def test_numbers_a_double_cannot_hold_are_a_400_naming_their_path(raw, param, message):
     """Python's json reads 1e309 as inf (and an integer of thousands of digits not at all): named where it is."""
-    with pytest.raises(schema.APIError) as e:
+    with pytest.raises(APIError) as e:
         schema.parse_json(raw)
     assert (e.value.status, e.value.param, e.value.message) == (400, param, message)
     assert schema.parse_json(b'{"t": 1e308, "n": -1e-400}') == {"t": 1e308, "n": -0.0}  # finite (an underflow is 0)
@@ -114,7 +117,7 @@ def test_numbers_out_of_range_on_the_completions_routes():
                            ({"seed": -1e308}, "seed must be in [-1, 18446744073709551615], got -1e+308"),
                            ({"max_tokens": 1e300}, "max_tokens must be in [1, 1048576], got 1e+300"),
                            ({"typical_p": True}, "typical_p is not supported")):
-        with pytest.raises(schema.APIError) as e:
+        with pytest.raises(APIError) as e:
             schema.parse_completion({"prompt": "hi", **extra})
         assert (e.value.param, e.value.message) == (next(iter(extra)), message)
     assert schema.parse_chat({"messages": MSG, "logprobs": True, "top_logprobs": 2}).ignored == ()
@@ -128,6 +131,6 @@ def test_responses_numbers_and_parallel_tool_calls():
                                   ({"max_tool_calls": 0}, "max_tool_calls", "max_tool_calls must be in [1, 1048576], got 0"),
                                   ({"top_logprobs": -1}, "top_logprobs", "top_logprobs must be in [0, 20], got -1"),
                                   ({"top_logprobs": 2}, "top_logprobs", "top_logprobs is not supported")):
-        with pytest.raises(schema.APIError) as e:
+        with pytest.raises(APIError) as e:
             parse_responses({"input": "hi", "tools": tools, **extra}, ResponseStore())
         assert (e.value.param, e.value.message) == (param, message)

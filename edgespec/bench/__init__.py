@@ -229,16 +229,7 @@ def run_bench(
         raise BenchError(f"repeats must be at least 1, got {repeats}")
     say = progress or (lambda s: None)
     greedy = sampling.greedy
-    prepared: list[tuple[str, int, Mapping[str, Any], list[int]]] = []
-    for suite, entries in suites.items():
-        for i, entry in enumerate(entries):
-            ctx = engine.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
-            if len(ctx) + max_tokens > engine.target.n_ctx:
-                raise BenchError(
-                    f"suite {suite} prompt {i + 1}: {len(ctx)} prompt tokens + {max_tokens} new tokens do not fit in "
-                    f"the context ({engine.target.n_ctx}); raise --ctx or lower --max-tokens"
-                )
-            prepared.append((suite, i, entry, ctx))
+    prepared = _prepare_prompts(engine, suites, max_tokens)
     if warmup and prepared:
         # First calls pay page faults and allocations; keep them out of the measurement.
         ctx = prepared[0][3]
@@ -246,38 +237,11 @@ def run_bench(
             _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
     costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_used()}
     records: list[dict[str, Any]] = []
-    pair_no = 0
     for n, (suite, i, entry, ctx) in enumerate(prepared):
-        runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
-        for rep in range(repeats):
-            s = sampling if sampling.seed is None or rep == 0 else _with_seed(sampling, sampling.seed + rep)
-            order = ("plain", "spec") if pair_no % 2 == 0 else ("spec", "plain")
-            pair_no += 1
-            for side in order:
-                runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
-        p_rate, s_rate = _side(runs["plain"]).tokens_per_second, _side(runs["spec"]).tokens_per_second
-        identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
-        rec = {
-            "suite": suite,
-            "index": i,
-            "name": entry.get("name") or f"{suite}-{i + 1}",
-            "kind": "raw" if "prompt" in entry else "chat",
-            "n_prompt": len(ctx),
-            "plain_tokens_per_second": round(p_rate, 3),
-            "spec_tokens_per_second": round(s_rate, 3),
-            "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else 0.0,
-            "identical": identical if greedy else None,
-            "plain": [r["stats"] for r in runs["plain"]],
-            "spec": [r["stats"] for r in runs["spec"]],
-            "plain_text": runs["plain"][0]["text"],
-            "spec_text": runs["spec"][0]["text"],
-            "_runs": runs,
-        }
+        runs = _interleaved_runs(engine, ctx, sampling, max_tokens, repeats, cold_draft, first_pair=n * repeats)
+        rec, line = _prompt_record(suite, i, entry, ctx, runs, greedy)
         records.append(rec)
-        say(
-            f"[{n + 1}/{len(prepared)}] {rec['name']}: plain {p_rate:.1f} tok/s, spec {s_rate:.1f} tok/s, "
-            f"x{rec['speedup']:.2f}" + ("" if not greedy else ("  identical" if identical else "  DIFFERENT OUTPUT"))
-        )
+        say(f"[{n + 1}/{len(prepared)}] {line}")
     by_suite: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_suite.setdefault(r["suite"], []).append(r)
@@ -299,6 +263,64 @@ def run_bench(
         "suites": {name: _summary(rs, greedy) for name, rs in by_suite.items()},
         "overall": _summary(records, greedy) if records else None,
     }
+
+
+def _prepare_prompts(
+    engine: Any, suites: Mapping[str, Sequence[Mapping[str, Any]]], max_tokens: int
+) -> list[tuple[str, int, Mapping[str, Any], list[int]]]:
+    """(suite, index, entry, prompt token ids) for every entry, each checked to fit in the context with max_tokens."""
+    prepared: list[tuple[str, int, Mapping[str, Any], list[int]]] = []
+    for suite, entries in suites.items():
+        for i, entry in enumerate(entries):
+            ctx = engine.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
+            if len(ctx) + max_tokens > engine.target.n_ctx:
+                raise BenchError(
+                    f"suite {suite} prompt {i + 1}: {len(ctx)} prompt tokens + {max_tokens} new tokens do not fit in "
+                    f"the context ({engine.target.n_ctx}); raise --ctx or lower --max-tokens"
+                )
+            prepared.append((suite, i, entry, ctx))
+    return prepared
+
+
+def _interleaved_runs(
+    engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, repeats: int, cold_draft: bool, *, first_pair: int
+) -> dict[str, list[dict[str, Any]]]:
+    """`repeats` plain/speculative pairs of one prompt, the side that goes first alternating from pair to pair over the
+    whole bench (first_pair: how many pairs ran before); a seeded run's repeats take the seeds seed, seed + 1, ..."""
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
+    for rep in range(repeats):
+        s = sampling if sampling.seed is None or rep == 0 else _with_seed(sampling, sampling.seed + rep)
+        order = ("plain", "spec") if (first_pair + rep) % 2 == 0 else ("spec", "plain")
+        for side in order:
+            runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
+    return runs
+
+
+def _prompt_record(
+    suite: str, i: int, entry: Mapping[str, Any], ctx: list[int], runs: dict[str, list[dict[str, Any]]], greedy: bool
+) -> tuple[dict[str, Any], str]:
+    """One prompt's record in the report, and its progress line."""
+    p_rate, s_rate = _side(runs["plain"]).tokens_per_second, _side(runs["spec"]).tokens_per_second
+    identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
+    rec = {
+        "suite": suite,
+        "index": i,
+        "name": entry.get("name") or f"{suite}-{i + 1}",
+        "kind": "raw" if "prompt" in entry else "chat",
+        "n_prompt": len(ctx),
+        "plain_tokens_per_second": round(p_rate, 3),
+        "spec_tokens_per_second": round(s_rate, 3),
+        "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else 0.0,
+        "identical": identical if greedy else None,
+        "plain": [r["stats"] for r in runs["plain"]],
+        "spec": [r["stats"] for r in runs["spec"]],
+        "plain_text": runs["plain"][0]["text"],
+        "spec_text": runs["spec"][0]["text"],
+        "_runs": runs,
+    }
+    line = (f"{rec['name']}: plain {p_rate:.1f} tok/s, spec {s_rate:.1f} tok/s, x{rec['speedup']:.2f}"
+            + ("" if not greedy else ("  identical" if identical else "  DIFFERENT OUTPUT")))
+    return rec, line
 
 
 def _with_seed(s: SamplingParams, seed: int) -> SamplingParams:

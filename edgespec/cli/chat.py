@@ -344,7 +344,8 @@ def chat(**kw: Any) -> None:
     sends it (on a terminal Esc Enter / Alt-Enter also inserts a newline). Commands: /help, /reset,
     /system TEXT, /stats, /save FILE, /load FILE, /exit. Ctrl-C stops an answer; Ctrl-D leaves.
     """
-    from edgespec.runtime.chat import ChatSession, parse_conversation, read_conversation
+    from edgespec.runtime.chat import ChatSession
+    from edgespec.runtime.chat_file import parse_conversation, read_conversation
 
     explicit = _explicit(SAMPLING_NAMES + ("max_tokens", "system"))
     sampling = make_sampling(kw)

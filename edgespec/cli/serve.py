@@ -245,7 +245,7 @@ def _ended_quietly(app: Any) -> Any:
     """The app, where a request still running when uvicorn's graceful shutdown gives up on it (one waiting for a
     long tokenization in a worker thread) ends with a 503 (or its stream's end) instead of a logged traceback."""
     from edgespec.server.core import error_response
-    from edgespec.server.schema import APIError
+    from edgespec.server.api_errors import APIError
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         started = False

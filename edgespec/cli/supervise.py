@@ -111,7 +111,7 @@ def _answer_while_lost(sock: socket.socket, endpoints: Sequence[str], stop: list
     stops this process (False)."""
     import uvicorn
 
-    from edgespec.server.schema import APIError
+    from edgespec.server.api_errors import APIError
 
     why = ["not probed yet"]
 

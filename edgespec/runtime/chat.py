@@ -24,11 +24,12 @@ Context. Before a turn the prompt plus a reserve for the answer (min(max_tokens,
 target's context; if it does not, the oldest user/assistant turns are dropped (the system prompt stays) until
 the kept history fits in half of the room, or at least fits. If even the new message alone leaves no room for
 a short answer, `send` raises ChatContextError and the conversation is unchanged.
+
+Saving and resuming. The file's format (reading, writing, checking every field) is chat_file.py's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -37,20 +38,16 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from edgespec.prompts.chat_template import clip_segments
 from edgespec.config import DEFAULT_SAMPLING, SamplingParams, check_stop
 from edgespec.decoding.detok import complete_utf8
-from edgespec.errors import ConfigError, ContextFullError, EdgespecError
-from edgespec.fsutil import atomic_write_text, read_json_file
-from .request import GenerationRequest
+from edgespec.errors import ConfigError, ContextFullError
 from edgespec.stats import GenerationStats, Totals
+from .chat_file import FILE_FORMAT, FILE_VERSION, ChatError, Conversation, parse_conversation, read_conversation, write_conversation
+from .request import GenerationRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from edgespec.decoding.constraint import Constraint
     from .engine import Chunk, Engine, Generation
 
 MIN_ANSWER_TOKENS = 16  # with no history left, a message is accepted if at least this many answer tokens fit
-
-
-class ChatError(EdgespecError):
-    """A chat-level problem (bad file for /save, ...)."""
 
 
 class ChatContextError(ChatError):
@@ -384,15 +381,7 @@ class ChatSession:
         """Write as_dict() as JSON, atomically (a failed save leaves the old file as it was, and the conversation as
         it is); a ChatError (one line) for any path that cannot be written (a NUL byte, a folder, a device, no
         permission, a missing folder)."""
-        p = _user_path(path, "save to")
-        data = json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
-        try:
-            if p.is_dir():
-                raise IsADirectoryError(21, "Is a directory")
-            atomic_write_text(p, data)
-        except (OSError, ValueError) as e:  # ValueError: a path the OS layer refuses (an embedded NUL byte)
-            raise ChatError(f"cannot write {_shown(p)}: {getattr(e, 'strerror', None) or e}") from None
-        return p
+        return write_conversation(path, self.as_dict())
 
     @classmethod
     def load(cls, engine: "Engine", path: str | os.PathLike[str]) -> "ChatSession":
@@ -475,182 +464,6 @@ class ChatSession:
         return list(toks), b"".join(pieces).decode("utf-8", "replace")
 
 
-# ------------------------------------------------------------------------------------------------- file format
-FILE_FORMAT = "edgespec-chat"
-FILE_VERSION = 1
-MAX_FILE_BYTES = 64 * 1024 * 1024  # far past any conversation a context holds; larger is a wrong file
-MAX_MESSAGES = 100_000
-ROLES = ("user", "assistant")
-_SESSION_SETTINGS = ("max_tokens", "stop", "speculative", "sampling")
-_ENGINE_SETTINGS = ("target", "draft", "drafter", "draft_max", "n_ctx")
-
-
-class Conversation:
-    """A saved conversation, checked (parse_conversation): everything load() restores."""
-
-    def __init__(self) -> None:
-        self.system: str | None = None
-        self.messages: list[dict[str, str]] = []
-        self.sampling: SamplingParams | None = None
-        self.max_tokens: int | None = None
-        self.stop: tuple[str, ...] | None = None
-        self.speculative: bool | None = None
-        self.vocab: str | None = None
-        self.tokens: list[int] = []
-        self.settings: dict[str, Any] = {}  # as saved (the engine's part is informative)
-        self.notes: list[str] = []  # remarks for the user (a foreign cache dropped, ...)
-
-
-def read_conversation(path: str | os.PathLike[str]) -> Any:
-    """The JSON in a conversation file; ChatError (one line) for a path that is not a readable regular file of at
-    most MAX_FILE_BYTES (a FIFO or a device is never waited on, a folder, a symlink loop) or not strict JSON (NaN,
-    a 5,000-digit number, nesting too deep)."""
-    p = _user_path(path, "load")
-    try:
-        return read_json_file(p, MAX_FILE_BYTES)
-    except OSError as e:
-        raise ChatError(f"cannot read {_shown(p)}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ChatError(f"{_shown(p)} is not a saved conversation (not valid JSON: {_one_line(e)})") from None
-
-
-def parse_conversation(data: Any, *, n_vocab: int | None = None) -> Conversation:
-    """Check a saved conversation (the JSON of save(), any version up to FILE_VERSION; a file without a version is
-    the first format, without a cache) and return what load() restores; ChatError naming the first problem.
-    n_vocab: token ids must be below it (ids out of range are a tampered file)."""
-    def bad(why: str) -> ChatError:
-        return ChatError(f"not a saved conversation: {why}")
-
-    if not isinstance(data, dict):
-        raise bad(f"the file holds a JSON {_json_type(data)}, not an object")
-    version = data.get("version", 0)
-    if "version" in data or "format" in data:
-        if data.get("format") != FILE_FORMAT:
-            raise bad(f"format must be {FILE_FORMAT!r}, got {_short(data.get('format'))}")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise bad(f"version must be a positive integer, got {_short(version)}")
-        if version > FILE_VERSION:
-            raise bad(f"version {version} was written by a newer edgespec (this one reads up to {FILE_VERSION})")
-    unknown = sorted(set(data) - {"format", "version", "system", "messages", "settings", "cache"})
-    if unknown:
-        raise bad(f"unknown field {_short(unknown[0])}")
-    conv = Conversation()
-    system = data.get("system")
-    if system is not None:
-        conv.system = _text(system, "the system prompt", bad) or None
-    msgs = data.get("messages")
-    if not isinstance(msgs, list):
-        raise bad(f"messages must be a list, got {_json_type(msgs)}")
-    if len(msgs) > MAX_MESSAGES:
-        raise bad(f"{len(msgs)} messages (at most {MAX_MESSAGES})")
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"message {i + 1} is a JSON {_json_type(m)}, not an object")
-        if set(m) != {"role", "content"}:
-            extra = sorted(set(m) - {"role", "content"})
-            raise bad(f"message {i + 1} " + (f"has an unknown field {_short(extra[0])}" if extra else "needs a role and a content"))
-        role = m["role"]
-        want = ROLES[i % 2]
-        if role != want:
-            raise bad(f"message {i + 1} must have role {want!r} (user and assistant alternate), got {_short(role)}")
-        conv.messages.append({"role": role, "content": _text(m["content"], f"message {i + 1}'s content", bad)})
-    settings = data.get("settings", {})
-    if not isinstance(settings, dict):
-        raise bad(f"settings must be an object, got {_json_type(settings)}")
-    unknown = sorted(set(settings) - set(_SESSION_SETTINGS) - set(_ENGINE_SETTINGS))
-    if unknown:
-        raise bad(f"unknown setting {_short(unknown[0])}")
-    conv.settings = dict(settings)
-    try:
-        if settings.get("sampling") is not None:
-            sp = settings["sampling"]
-            if not isinstance(sp, dict):
-                raise bad(f"settings.sampling must be an object, got {_json_type(sp)}")
-            names = set(SamplingParams.__dataclass_fields__)
-            extra = sorted(set(sp) - names)
-            if extra:
-                raise bad(f"unknown sampling setting {_short(extra[0])}")
-            conv.sampling = SamplingParams(**sp)
-        if settings.get("max_tokens") is not None:
-            mt = settings["max_tokens"]
-            if isinstance(mt, bool) or not isinstance(mt, int) or not 1 <= mt <= 1 << 20:
-                raise bad(f"settings.max_tokens must be an integer in [1, {1 << 20}], got {_short(mt)}")
-            conv.max_tokens = mt
-        if settings.get("stop") is not None:
-            conv.stop = check_stop(settings["stop"])
-            for s in conv.stop:
-                _text(s, "a stop string", bad)
-        if settings.get("speculative") is not None:
-            if not isinstance(settings["speculative"], bool):
-                raise bad(f"settings.speculative must be true or false, got {_short(settings['speculative'])}")
-            conv.speculative = settings["speculative"]
-    except ConfigError as e:
-        raise bad(f"settings: {e}") from None
-    for key in ("target", "draft", "drafter"):
-        if settings.get(key) is not None and not isinstance(settings[key], str):
-            raise bad(f"settings.{key} must be text, got {_json_type(settings[key])}")
-    for key in ("draft_max", "n_ctx"):
-        v = settings.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise bad(f"settings.{key} must be a non-negative integer, got {_short(v)}")
-    cache = data.get("cache")
-    if cache is not None:
-        if not isinstance(cache, dict) or set(cache) - {"vocab", "tokens"}:
-            raise bad("cache must be an object with vocab and tokens")
-        vocab, tokens = cache.get("vocab"), cache.get("tokens", [])
-        if not isinstance(vocab, str) or not isinstance(tokens, list):
-            raise bad("cache.vocab must be text and cache.tokens a list")
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (n_vocab is not None and t >= n_vocab):
-                where = f" [0, {n_vocab})" if n_vocab is not None else ""
-                raise bad(f"cache.tokens holds {_short(t)}, not a token id{where}")
-        conv.vocab, conv.tokens = vocab, tokens
-    return conv
-
-
-def _text(v: Any, what: str, bad: Any) -> str:
-    if not isinstance(v, str):
-        raise bad(f"{what} must be text, got {_json_type(v)}")
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"{what} is not valid text (a lone surrogate)") from None
-    return v
-
-
-def _json_type(v: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null", int: "number", float: "number"}.get(
-        type(v), type(v).__name__
-    )
-
-
-def _short(v: Any) -> str:
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200]
-
-
-def _shown(p: Path) -> str:
-    return _short(str(p))[1:-1] if "\x00" in str(p) or len(str(p)) > 200 else str(p)
-
-
-def _user_path(path: Any, verb: str) -> Path:
-    if not isinstance(path, (str, os.PathLike)):
-        raise ChatError(f"a file to {verb} must be a path, got {type(path).__name__}")
-    name = os.fspath(path)
-    if not isinstance(name, str):
-        raise ChatError(f"a file to {verb} must be a text path, got {type(name).__name__}")
-    if not name:
-        raise ChatError(f"a file to {verb} needs a name")
-    try:
-        return Path(name).expanduser()
-    except (RuntimeError, TypeError, ValueError) as e:  # ~user unknown, bytes, ...
-        raise ChatError(f"cannot {verb} {path!r}: {_one_line(e)}") from None
-
-
 # ------------------------------------------------------------------------------------------------- helpers
 def _count_turns(msgs: Sequence[dict[str, str]]) -> int:
     return sum(1 for m in msgs if m["role"] == "user")
@@ -667,5 +480,4 @@ def _drop_index(msgs: Sequence[dict[str, str]], k: int) -> int:
     return len(msgs) - 1
 
 
-__all__ = ["ChatSession", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS", "Conversation", "read_conversation",
-           "parse_conversation", "FILE_FORMAT", "FILE_VERSION"]
+__all__ = ["ChatSession", "Turn", "ChatError", "ChatContextError", "MIN_ANSWER_TOKENS"]  # ChatError: chat_file's, raised by the session too

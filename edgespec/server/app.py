@@ -46,7 +46,7 @@ from . import routes_responses as responses_api
 from .core import JSON, RequestRecord, ServerState, Settings, error_response, server_state
 from .guards import BearerAuth, CountResponses, HostCheck
 from .responses import IGNORED_HEADER
-from .schema import APIError
+from .api_errors import APIError
 
 if TYPE_CHECKING:  # importing the server loads no llama.cpp
     from edgespec.runtime.engine import Engine

@@ -36,7 +36,8 @@ from edgespec.runtime.request import DrafterKind, GenerationRequest, InfillPromp
 from . import schema
 from . import sse
 from .metrics import Metrics
-from .schema import APIError, CompletionRequest
+from .api_errors import APIError
+from .schema import CompletionRequest
 
 if TYPE_CHECKING:  # importing the server loads no llama.cpp
     from edgespec.runtime.engine import Engine

@@ -19,7 +19,8 @@ from edgespec import __version__
 from edgespec.decoding.structured import ToolCallSplitter, parse_tool_calls
 from . import sse
 from .core import api_error, send_json
-from .schema import APIError, CompletionRequest
+from .api_errors import APIError
+from .schema import CompletionRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from .core import RequestRecord, ServerState

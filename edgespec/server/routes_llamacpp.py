@@ -3,7 +3,7 @@ and llama.vscode, desktop front-ends): `/v1/health`, `/props`, `/completion`, `/
 `/apply-template`. Each is a translation over the same engine call as the OpenAI routes (shapes: llama.cpp's
 tools/server/README.md).
 
-A request field of llama-server that edgespec cannot honour is a 400 naming it (schema.UNSUPPORTED); the others it
+A request field of llama-server that edgespec cannot honour is a 400 naming it (refused.UNSUPPORTED); the others it
 does not read are listed in the `X-Edgespec-Ignored-Params` header. `cache_prompt` is accepted: the KV cache is
 always reused, which never changes the output.
 
@@ -35,9 +35,12 @@ from . import schema
 from . import sse
 from .core import JSON, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Num, Says, Str, bad, validate_body
+from .api_errors import APIError, bad
+from .bodies import Body, Bool, ErrorText, JsonNumber, Str, validate_body
+from .refused import ignored_keys
+from .schema import CompletionRequest, InfillInput
 
-# llama-server keys read here besides schema.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
+# llama-server keys read here besides bodies.COMMON_KEYS (cache_prompt and id_slot are accepted and have no effect)
 COMPLETION_KEYS = frozenset({"prompt", "cache_prompt", "id_slot", "return_tokens", "t_max_predict_ms", "response_fields", "n_indent"})
 INFILL_KEYS = COMPLETION_KEYS | {"input_prefix", "input_suffix", "input_extra"}
 INT32_MAX = 2**31 - 1  # llama-server reads n_indent and id_slot into an int32
@@ -50,18 +53,18 @@ TOKENIZE_PIECES_MAX_BYTES = 2**20
 
 # --------------------------------------------------------------------------------------------- parsing
 class LlamaBody(Body):
-    """What /completion reads besides schema.CommonBody (llama-server's own fields; its wording of their errors)."""
+    """What /completion reads besides bodies.CommonBody (llama-server's own fields; its wording of their errors)."""
 
-    response_fields: Annotated[list[Str] | None, Says("response_fields must be an array of field names (a nested one as a/b)")] = None
+    response_fields: Annotated[list[Str] | None, ErrorText("response_fields must be an array of field names (a nested one as a/b)")] = None
     n_indent: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=INT32_MAX),
-                        Says("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
-    t_max_predict_ms: Annotated[Num | None, Field(ge=0), Says("t_max_predict_ms must be a number of milliseconds >= 0")] = None
-    return_tokens: Annotated[Bool | None, Says("return_tokens must be true or false")] = None
+                        ErrorText("n_indent must be an integer >= 0 (the least indentation of the lines after the first)")] = None
+    t_max_predict_ms: Annotated[JsonNumber | None, Field(ge=0), ErrorText("t_max_predict_ms must be a number of milliseconds >= 0")] = None
+    return_tokens: Annotated[Bool | None, ErrorText("return_tokens must be true or false")] = None
     # accepted without effect (the KV cache is always reused; the server picks the slot), but checked as llama-server
     # reads them
-    cache_prompt: Annotated[Bool | None, Says("cache_prompt must be true or false")] = None
+    cache_prompt: Annotated[Bool | None, ErrorText("cache_prompt must be true or false")] = None
     id_slot: Annotated[Annotated[int, Strict()] | None, Field(ge=-1, le=INT32_MAX),
-                       Says("id_slot must be an integer >= -1 (-1: any slot)")] = None
+                       ErrorText("id_slot must be an integer >= -1 (-1: any slot)")] = None
 
     @property
     def t_max(self) -> float | None:
@@ -76,30 +79,30 @@ class ExtraFile(Body):
 
 
 class InfillBody(LlamaBody):
-    """What /infill reads besides schema.CommonBody."""
+    """What /infill reads besides bodies.CommonBody."""
 
-    prompt: Annotated[Str | None, Says("prompt must be a string (text typed after input_prefix)")] = None
-    input_prefix: Annotated[Str | None, Says("input_prefix must be a string")] = None
-    input_suffix: Annotated[Str | None, Says("input_suffix must be a string")] = None
-    input_extra: Annotated[list[ExtraFile] | None, Says("input_extra must be an array of {\"filename\", \"text\"} objects",
+    prompt: Annotated[Str | None, ErrorText("prompt must be a string (text typed after input_prefix)")] = None
+    input_prefix: Annotated[Str | None, ErrorText("input_prefix must be a string")] = None
+    input_suffix: Annotated[Str | None, ErrorText("input_suffix must be a string")] = None
+    input_extra: Annotated[list[ExtraFile] | None, ErrorText("input_extra must be an array of {\"filename\", \"text\"} objects",
                                                         item="{where} must be an object with string text and filename")] = None
 
 
 class TokenizeBody(Body):
-    content: Annotated[Str | None, Says("content must be a string")] = None
-    add_special: Annotated[Bool | None, Says("add_special must be true or false")] = None
-    parse_special: Annotated[Bool | None, Says("parse_special must be true or false")] = None
-    with_pieces: Annotated[Bool | None, Says("with_pieces must be true or false")] = None
+    content: Annotated[Str | None, ErrorText("content must be a string")] = None
+    add_special: Annotated[Bool | None, ErrorText("add_special must be true or false")] = None
+    parse_special: Annotated[Bool | None, ErrorText("parse_special must be true or false")] = None
+    with_pieces: Annotated[Bool | None, ErrorText("with_pieces must be true or false")] = None
 
 
 class DetokenizeBody(Body):
-    tokens: Annotated[list[Annotated[int, Strict()]] | None, Says("tokens must be an array of token ids")] = None
+    tokens: Annotated[list[Annotated[int, Strict()]] | None, ErrorText("tokens must be an array of token ids")] = None
 
 
 def _llama_body(body: Mapping[str, Any], known: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The body without llama-server's own keys (what schema.parse_completion reads) and the keys ignored
     (`n_predict: 0` is taken out too: see _warm_only)."""
-    ignored = schema.ignored_keys(body, known)
+    ignored = ignored_keys(body, known)
     drop = known | ({"n_predict"} if _warm_only(body) else set())
     return {k: v for k, v in body.items() if k not in drop or k == "prompt"}, ignored
 
@@ -329,7 +332,7 @@ async def tokenize(request: Request) -> Response:
     ids = await anyio.to_thread.run_sync(
         lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
     out: Any = [{"id": t, "piece": _piece(eng.target.token_bytes(t, special=True))} for t in ids] if flags["with_pieces"] else ids
-    return JSON({"tokens": out}, headers=ignored_headers(schema.ignored_keys(body, {"content", "add_special", "parse_special", "with_pieces"})))
+    return JSON({"tokens": out}, headers=ignored_headers(ignored_keys(body, {"content", "add_special", "parse_special", "with_pieces"})))
 
 
 async def detokenize(request: Request) -> Response:
@@ -342,7 +345,7 @@ async def detokenize(request: Request) -> Response:
     if bad_ids:
         raise bad("tokens", f"token id {bad_ids[0]} is outside the vocabulary (size {eng.target.n_vocab})")
     text = await anyio.to_thread.run_sync(lambda: eng.target.detokenize(toks, special=True))
-    return JSON({"content": text}, headers=ignored_headers(schema.ignored_keys(body, {"tokens"})))
+    return JSON({"content": text}, headers=ignored_headers(ignored_keys(body, {"tokens"})))
 
 
 async def apply_template(request: Request) -> Response:
@@ -353,7 +356,7 @@ async def apply_template(request: Request) -> Response:
         prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages or []))
     except (TemplateError, ConfigError) as e:
         raise bad("messages", str(e)) from None
-    return JSON({"prompt": prompt}, headers=ignored_headers(schema.ignored_keys(body, {"messages"})))
+    return JSON({"prompt": prompt}, headers=ignored_headers(ignored_keys(body, {"messages"})))
 
 
 async def props(request: Request) -> Response:

@@ -40,7 +40,9 @@ from . import sse
 from . import core
 from .core import JSON, ServerState, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
-from .schema import APIError, Body, Bool, CompletionRequest, InfillInput, Says, Str, bad, unsupported, validate_body
+from .api_errors import APIError, bad, unsupported
+from .bodies import Body, Bool, ErrorText, Str, validate_body
+from .schema import CompletionRequest, InfillInput
 
 if TYPE_CHECKING:  # importing the server loads no llama.cpp
     from edgespec.runtime.engine import Engine
@@ -79,19 +81,19 @@ class OllamaBody(Body):
     """The fields of /api/chat and /api/generate checked here (Ollama's wording of their errors); `options` are
     mapped by _options, `messages` and the rest by schema.parse_chat / parse_completion."""
 
-    stream: Annotated[Bool | None, Says("stream must be true or false")] = None
-    options: Annotated[dict[str, Any] | None, Says("options must be an object")] = None
-    logprobs: Annotated[Bool | None, Says("logprobs must be true or false")] = None
-    top_logprobs: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=20), Says("top_logprobs must be between 0 and 20")] = None
+    stream: Annotated[Bool | None, ErrorText("stream must be true or false")] = None
+    options: Annotated[dict[str, Any] | None, ErrorText("options must be an object")] = None
+    logprobs: Annotated[Bool | None, ErrorText("logprobs must be true or false")] = None
+    top_logprobs: Annotated[Annotated[int, Strict()] | None, Field(ge=0, le=20), ErrorText("top_logprobs must be between 0 and 20")] = None
 
 
 class OllamaGenerateBody(OllamaBody):
-    prompt: Annotated[Str | None, Says("prompt must be a string")] = None
-    suffix: Annotated[Str | None, Says("suffix must be a string")] = None
-    system: Annotated[Str | None, Says("system must be a string")] = None
-    raw: Annotated[Bool | None, Says("raw must be true or false")] = None
+    prompt: Annotated[Str | None, ErrorText("prompt must be a string")] = None
+    suffix: Annotated[Str | None, ErrorText("suffix must be a string")] = None
+    system: Annotated[Str | None, ErrorText("system must be a string")] = None
+    raw: Annotated[Bool | None, ErrorText("raw must be true or false")] = None
     context: Annotated[list[Annotated[int, Strict()]] | None,
-                       Says("context must be an array of token ids (the context of an earlier answer)")] = None
+                       ErrorText("context must be an array of token ids (the context of an earlier answer)")] = None
 
 
 def _options(opts: dict[str, Any] | None, n_ctx: int) -> tuple[dict[str, Any], list[str]]:

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from . import schema
 from .core import JSON, ServerState, error_response, generate, model_stem, server_state
 from .responses import GenerationResponse
-from .schema import APIError
+from .api_errors import APIError
 
 
 async def chat_completions(request: Request) -> Any:

@@ -32,7 +32,9 @@ from . import schema
 from . import sse
 from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
-from .schema import APIError, Body, Bool, CompletionRequest, Says, Str, bad, unsupported, validate_body
+from .api_errors import APIError, bad, unsupported
+from .bodies import MAX_TOKENS_LIMIT, Body, Bool, ErrorText, IntegerParam, Str, validate_body
+from .schema import CompletionRequest
 
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
@@ -52,13 +54,13 @@ RENAMED = {"response_format": "text.format", "max_completion_tokens": "max_outpu
 class ResponsesBody(Body):
     """The Responses fields checked here; the others become chat completions keys (to_chat_body), checked there."""
 
-    previous_response_id: Annotated[Str | None, Says("previous_response_id must be a string")] = None
-    instructions: Annotated[Str | None, Says("instructions must be a string")] = None
-    text: Annotated[dict[str, Any] | None, Says("text must be an object like {\"format\": {\"type\": \"text\"}}")] = None
-    store: Annotated[Bool | None, Says("store must be true or false")] = None
-    metadata: Annotated[dict[str, Any] | None, Says("metadata must be an object of string keys and string values")] = None
-    top_logprobs: Annotated[schema.Integer, Field(ge=0, le=20)] = None  # then refused unless 0 (to_chat_body)
-    max_tool_calls: Annotated[schema.Integer, Field(ge=1, le=schema.MAX_TOKENS_LIMIT)] = None  # checked, then reported ignored
+    previous_response_id: Annotated[Str | None, ErrorText("previous_response_id must be a string")] = None
+    instructions: Annotated[Str | None, ErrorText("instructions must be a string")] = None
+    text: Annotated[dict[str, Any] | None, ErrorText("text must be an object like {\"format\": {\"type\": \"text\"}}")] = None
+    store: Annotated[Bool | None, ErrorText("store must be true or false")] = None
+    metadata: Annotated[dict[str, Any] | None, ErrorText("metadata must be an object of string keys and string values")] = None
+    top_logprobs: Annotated[IntegerParam, Field(ge=0, le=20)] = None  # then refused unless 0 (to_chat_body)
+    max_tool_calls: Annotated[IntegerParam, Field(ge=1, le=MAX_TOKENS_LIMIT)] = None  # checked, then reported ignored
 
     @field_validator("metadata", mode="after")
     @classmethod

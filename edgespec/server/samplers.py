@@ -8,7 +8,7 @@ So a chain is mapped this way:
 - a sampler absent from the chain has its settings made neutral (top_k 0, top_p 1, min_p 0, temperature 1, no
   penalties), as llama-server leaves it out;
 - `dry`, `xtc`, `typ_p` and `top_n_sigma` are no-ops here: their settings are refused unless neutral
-  (schema.UNSUPPORTED), where llama-server does nothing with them either;
+  (refused.UNSUPPORTED), where llama-server does nothing with them either;
 - `infill` (llama.cpp's FIM sampler: merges tokens sharing a prefix, drops unlikely ones and ends the completion
   where nothing is likely enough; infill.infill_filter) sets SamplingParams.infill: it is applied after every other
   sampler, so it must come after the active ones in the chain, as in the chains of llama.vim and llama.vscode
@@ -34,7 +34,7 @@ from edgespec.config import SamplingParams
 NAMES = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill", "penalties", "top_n_sigma")
 LETTERS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature",
            "i": "infill", "e": "penalties", "s": "top_n_sigma"}
-NO_OPS = frozenset({"dry", "xtc", "typ_p", "top_n_sigma"})  # neutral by schema.UNSUPPORTED
+NO_OPS = frozenset({"dry", "xtc", "typ_p", "top_n_sigma"})  # neutral by refused.UNSUPPORTED
 ENGINE_ORDER = ("penalties", "top_k", "temperature", "top_p", "min_p", "infill")  # sampling.warp's order
 IDEMPOTENT = frozenset({"top_k", "min_p"})  # applying twice is applying once
 
