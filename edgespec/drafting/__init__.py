@@ -11,7 +11,7 @@ the one function that builds them (make_speculator).
 Owns also what those objects use: the cost model (costs), acceptance estimators (estimators), the draft-length and
 tree policies (model_policy, lookup_policy, tree_shape), the live-rate check (rate_guard), the hardware curves
 measured once per machine (calibration), what the engine carries between generations (learning), and the lookup and
-suffix indexes (ngram, suffix_index).
+suffix indexes (ngram; suffix_index with suffix_ladder and suffix_proposal).
 
 May import: edgespec's base modules, prompts/ and decoding/. Never llama/ (a draft model is any object with the
 DraftModel protocol), runtime/, server/ or cli/.
