@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import IncompatiblePairError, ModelFileError
+from .gguf_header import GGUFHeader, TensorInfo
 from .gguf_rules import GGML_TYPES, RuleError, check, shown
 
 GGUF_MAGIC = b"GGUF"
@@ -185,30 +186,6 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
 
 class _Truncated(Exception):
     pass
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    dims: list[int]  # ggml order: dims[0] is the row length
-    ttype: int  # ggml type id
-    offset: int  # from the start of the data section
-
-
-@dataclass
-class GGUFHeader:
-    """Everything before the tensor data. Numeric arrays longer than `_KEEP_NUMBERS` (scores) and the BPE merges
-    are skipped: their value is None, their type and length are kept. Token types are an array.array("i"), a
-    precompiled charsmap is bytes."""
-
-    version: int
-    kv: dict[str, Any]
-    kv_types: dict[str, tuple[int, int | None]]  # key -> (value type, element type of an array)
-    array_lengths: dict[str, int]
-    tensors: list[TensorInfo]
-    alignment: int
-    data_start: int
-    file_size: int
 
 
 # GGUF value types (gguf_type): scalar struct formats; 8 = string, 9 = array.
