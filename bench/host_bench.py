@@ -279,7 +279,7 @@ def fake_table(n_vocab: int, n_rows: int = 64, seed: int = 0) -> np.ndarray:
 
 def run_fake(args: argparse.Namespace) -> list[dict[str, Any]]:
     from edgespec.drafting.costs import CostModel
-    from edgespec.drafting.policy import Controller
+    from edgespec.drafting.model_policy import Controller
     from edgespec.runtime.speculate import speculate
     from edgespec.drafting import ModelSpeculator
     from edgespec.stats import GenerationStats

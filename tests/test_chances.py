@@ -13,7 +13,7 @@ from edgespec.decoding.acceptance import expected_acceptance
 from edgespec.config import SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.estimators import AcceptanceEstimator, MatchLengthEstimator
-from edgespec.drafting.policy import Controller
+from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import PositionalUniforms, warp
 from edgespec.runtime.speculate import verify
 from edgespec.drafting import ModelSpeculator

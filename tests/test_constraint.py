@@ -29,7 +29,7 @@ from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.decoding.constraint import Constraint, ConstraintError, Matcher, apply_mask
 from edgespec.drafting.costs import CostModel
-from edgespec.drafting.policy import Controller
+from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import warp
 from edgespec.runtime.speculate import _chain_masks, _tree_masks, speculate
 from edgespec.drafting import ModelSpeculator
@@ -77,7 +77,7 @@ def model_speculator(model, sp, k):
 
 
 def suffix_speculator(memory):
-    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting.lookup_policy import TreePolicy
     from edgespec.drafting import SuffixSpeculator
 
     cost = CostModel(FLAT, frozen=True)

@@ -25,7 +25,7 @@ from test_loop import EOG, FakeModel, FakeTreeModel, run
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.estimators import AcceptanceEstimator
-from edgespec.drafting.policy import Controller, SiblingPolicy
+from edgespec.drafting.model_policy import Controller, SiblingPolicy
 from edgespec.drafting import ModelSpeculator, Outcome, make_speculator
 from edgespec.decoding.tree import ROOT
 

@@ -24,7 +24,8 @@ from edgespec.drafting.costs import CostModel
 from edgespec.errors import ConfigError
 from edgespec.prompts.infill import InfillVocab, infill_filter
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.policy import Controller, NgramPolicy
+from edgespec.drafting.lookup_policy import NgramPolicy
+from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import PositionalUniforms, warp
 from edgespec.runtime.speculate import speculate
 from edgespec.drafting import LookupSpeculator, ModelSpeculator
@@ -289,7 +290,7 @@ def _speculator(kind, models, sp):
     if kind == "lookup":
         cost = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.8, 16: 2.5}, frozen=True)
         return LookupSpeculator(NgramIndex(4, 1), NgramPolicy(SpecConfig(), cost))
-    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting.lookup_policy import TreePolicy
     from edgespec.drafting import SuffixSpeculator
     from edgespec.drafting.suffix_index import SuffixIndex
 

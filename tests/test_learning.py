@@ -19,7 +19,7 @@ from edgespec.drafting.calibration import Calibration
 from edgespec.config import SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.learning import LearningState
-from edgespec.drafting.policy import RateGuard
+from edgespec.drafting.rate_guard import RateGuard
 from edgespec.drafting import GuardedSpeculator, HybridSpeculator, LookupSpeculator, unguarded
 from edgespec.drafting.suffix_index import SuffixIndex
 

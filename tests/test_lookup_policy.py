@@ -8,7 +8,9 @@ import numpy as np
 from edgespec.config import SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.policy import Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.drafting.estimators import MatchLengthEstimator
+from edgespec.drafting.lookup_policy import NgramPolicy
+from edgespec.drafting.model_policy import Controller
 from edgespec.drafting import HybridSpeculator, LookupSpeculator, Outcome, Proposal, make_speculator
 
 # The CPU curve measured on this project's 2-core machine (relative to one token).

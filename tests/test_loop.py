@@ -229,7 +229,8 @@ def test_bad_inputs_are_config_errors():
 
 
 def test_the_loop_imports_without_llama_cpp():
-    code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.runtime.speculate, edgespec.drafting.costs, edgespec.drafting.policy"
+    code = "import sys; sys.modules['llama_cpp'] = None; import edgespec.runtime.speculate, edgespec.drafting.costs, " \
+        "edgespec.drafting.model_policy, edgespec.drafting.lookup_policy, edgespec.drafting.rate_guard"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent, timeout=60)
     assert p.returncode == 0, p.stderr
 

@@ -28,7 +28,8 @@ from edgespec.config import SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.estimators import MatchLengthEstimator
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.policy import Controller, NgramPolicy, TreePolicy
+from edgespec.drafting.lookup_policy import NgramPolicy, TreePolicy
+from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import sample, warp
 from edgespec.runtime.speculate import speculate
 from edgespec.drafting import HybridSpeculator, LookupSpeculator, ModelSpeculator, SuffixSpeculator

@@ -14,7 +14,9 @@ import pytest
 
 from edgespec.config import SpecConfig
 from edgespec.drafting.costs import CostModel, best_k, best_rate, expected_tokens
-from edgespec.drafting.policy import AcceptanceEstimator, Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.drafting.estimators import AcceptanceEstimator, MatchLengthEstimator
+from edgespec.drafting.lookup_policy import NgramPolicy
+from edgespec.drafting.model_policy import Controller
 
 # Measured on the 2-core CPU: batched decode of n tokens relative to one token (80 ms); draft token 37 ms.
 CPU_REL = {1: 1.0, 4: 1.7, 5: 2.2, 8: 3.4, 16: 4.2}

@@ -15,7 +15,8 @@ from edgespec.config import SamplingParams, SpecConfig
 from edgespec.drafting.costs import GATE_HOLD, GATE_MIN_GAIN, CostModel, best_rate, draft_model_pays, speculation_ceiling
 from edgespec.drafting.estimators import AcceptanceEstimator
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.policy import LATE_PROBE_BUDGET, Controller, NgramPolicy, TreePolicy
+from edgespec.drafting.lookup_policy import NgramPolicy, TreePolicy
+from edgespec.drafting.model_policy import LATE_PROBE_BUDGET, Controller
 from edgespec.llama.prompt_cache import common_prefix
 from edgespec.drafting import (
     HybridSpeculator, LookupSpeculator, ModelSpeculator, Outcome, SuffixSpeculator, draft_gate_open, make_speculator,

@@ -1,4 +1,4 @@
-"""Issue 37 (5): never slower under load. The live-rate check (policy.RateGuard, speculators.GuardedSpeculator) compares
+"""Issue 37 (5): never slower under load. The live-rate check (rate_guard.RateGuard, speculators.GuardedSpeculator) compares
 the tokens per second speculative cycles really deliver with those of plain cycles and decodes plainly where
 speculation loses, whatever the curve says; it re-probes later. Pure tests on fake clocks and fake costs (no model):
 every simulation has a fixed seed."""
@@ -10,7 +10,8 @@ import pytest
 
 from edgespec.config import SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
-from edgespec.drafting.policy import Controller, RateGuard
+from edgespec.drafting.model_policy import Controller
+from edgespec.drafting.rate_guard import RateGuard
 from edgespec.runtime.speculate import speculate
 from edgespec.drafting import GuardedSpeculator, ModelSpeculator, Outcome, guarded, unguarded
 from edgespec.stats import GenerationStats

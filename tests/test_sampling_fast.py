@@ -19,7 +19,8 @@ import pytest
 
 from edgespec.decoding.acceptance import accept_sampled, expected_acceptance, residual
 from edgespec.config import SamplingParams
-from edgespec.decoding.sampling import Probs, _top_k_candidates, sample_at, top_k_indices, warp, warp_probs
+from edgespec.decoding.sampling import Probs, sample_at, top_k_indices, warp, warp_probs
+from edgespec.decoding.warp_fast import _top_k_candidates
 
 N_ROWS = 40  # random rows per setting
 SETTINGS = [

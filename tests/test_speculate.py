@@ -30,7 +30,9 @@ from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.ngram import NgramIndex
-from edgespec.drafting.policy import Controller, MatchLengthEstimator, NgramPolicy
+from edgespec.drafting.estimators import MatchLengthEstimator
+from edgespec.drafting.lookup_policy import NgramPolicy
+from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import sample, warp
 from edgespec.runtime.speculate import speculate
 from edgespec.drafting import HybridSpeculator, LookupSpeculator, ModelSpeculator
@@ -72,7 +74,7 @@ def lookup_speculator(policy: NgramPolicy | None = None, n_max: int = 4, **spec)
 def suffix_speculator(adaptive: bool = False, memory=None):
     """Suffix-index lookups verified as trees: a fixed shape (the best 8 candidates, width 3) or chosen from a
     cheap-verify curve, so that trees are really verified."""
-    from edgespec.drafting.policy import TreePolicy
+    from edgespec.drafting.lookup_policy import TreePolicy
     from edgespec.drafting import SuffixSpeculator
     from edgespec.drafting.suffix_index import SuffixIndex
 

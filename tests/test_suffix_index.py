@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from edgespec.drafting import suffix_index as si
-from edgespec.drafting.suffix_index import FORMAT_VERSION, LADDER, MAGIC, SuffixIndex, default_path
+from edgespec.drafting.suffix_index import FORMAT_VERSION, MAGIC, SuffixIndex, default_path
+from edgespec.drafting.suffix_ladder import LADDER
 from edgespec.decoding.tree import ROOT
 from edgespec.drafting.tree_shape import best_tree, positional_acceptance
 from edgespec.drafting.costs import CostModel

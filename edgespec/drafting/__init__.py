@@ -9,8 +9,9 @@ the one function that builds them (make_speculator).
     none          plain decoding
 
 Owns also what those objects use: the cost model (costs), acceptance estimators (estimators), the draft-length and
-tree policies (policy, tree_shape), the hardware curves measured once per machine (calibration), what the engine
-carries between generations (learning), and the lookup and suffix indexes (ngram, suffix_index).
+tree policies (model_policy, lookup_policy, tree_shape), the live-rate check (rate_guard), the hardware curves
+measured once per machine (calibration), what the engine carries between generations (learning), and the lookup and
+suffix indexes (ngram; suffix_index with suffix_ladder and suffix_proposal).
 
 May import: edgespec's base modules, prompts/ and decoding/. Never llama/ (a draft model is any object with the
 DraftModel protocol), runtime/, server/ or cli/.
@@ -22,7 +23,8 @@ from edgespec.config import SamplingParams, SpecConfig
 from .costs import CostModel, draft_model_pays
 from .ngram import NgramIndex
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
-from .policy import Controller, NgramPolicy, SiblingPolicy, TreePolicy
+from .lookup_policy import NgramPolicy, TreePolicy
+from .model_policy import Controller, SiblingPolicy
 from edgespec.config import DrafterKind
 from .suffix_index import SuffixIndex
 from .base import Outcome, Proposal, Speculator

@@ -6,7 +6,7 @@ A speculator is one drafting strategy. It owns both *what* to draft and *how muc
     ... the loop verifies proposal.tokens in one batched target decode ...
     speculator.observe(outcome)                            # what the target kept, and what it cost
 
-Cost models and acceptance estimators (costs.py, policy.py) are pure helpers a speculator uses; the loop never
+Cost models and acceptance estimators (costs.py, estimators.py) are pure helpers a speculator uses; the loop never
 sees them. Exactness needs only one thing from a speculator: every drafted token d_i comes with the distribution
 q_i it was drawn from (a probability row), or None when it was chosen deterministically (a one-hot q at d_i:
 n-gram lookups, greedy drafts). How many tokens are drafted may depend on anything the speculator knows (its own

@@ -1,4 +1,4 @@
-"""Online acceptance estimates for the draft-length policies (policy.py). Pure numpy: counts in, rates out.
+"""Online acceptance estimates for the draft-length policies (model_policy.py, lookup_policy.py). Pure numpy: counts in, rates out.
 
 * `AcceptanceEstimator`: a_j, the chance that draft position j is accepted given 1..j-1 were (draft models).
 * `MatchLengthEstimator`: α(m), the chance that a lookup's next token is accepted when its source agrees with the

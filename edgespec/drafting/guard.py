@@ -1,4 +1,4 @@
-"""A speculator under the live-rate check (policy.RateGuard): the inner speculator drafts as it plans, unless the
+"""A speculator under the live-rate check (rate_guard.RateGuard): the inner speculator drafts as it plans, unless the
 guard has found that speculation delivers fewer tokens per second than plain decoding on this machine now; then the
 cycle is a plain step, which the inner speculator observes as one of its own plain cycles."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .costs import CostModel
-from .policy import RateGuard
+from .rate_guard import RateGuard
 from edgespec.config import DrafterKind
 from .base import Outcome, Proposal, Speculator
 

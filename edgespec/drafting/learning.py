@@ -10,7 +10,7 @@ drift apart.
 
 Within a generation the speculators update the shared parts in place, cycle by cycle: the verify curve (through the
 CostModel, costs.VerifyCurve.update), the lookups' acceptance by match run and the draft's by position (estimators),
-the live-rate check of the kind (policy.RateGuard, through speculators.guard) and the suffix memory (the suffix
+the live-rate check of the kind (rate_guard.RateGuard, through speculators.guard) and the suffix memory (the suffix
 drafters' index). What a generation holds apart and hands back at its end: the draft's per-token cost (the
 CostModel's c_draft, learnt while the draft drafts) and whether the draft model's hardware gate is open (its
 hysteresis spans generations). New measured costs (set_costs) start the curve, the draft's cost, its gate and the
@@ -25,7 +25,7 @@ from typing import Mapping
 from edgespec.config import SamplingParams, SpecConfig
 from .costs import CostModel, VerifyCurve
 from .estimators import AcceptanceEstimator, MatchLengthEstimator
-from .policy import RateGuard
+from .rate_guard import RateGuard
 from edgespec.drafting import draft_gate_open, guarded, make_speculator, model_draft_used
 from .base import Speculator
 from .model import DraftModel

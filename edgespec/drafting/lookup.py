@@ -1,5 +1,5 @@
 """N-gram lookup as a speculator: the index (ngram.py) finds what followed the context's ending before, and the
-n-gram policy (policy.NgramPolicy) chooses, *after* the lookup, how many of its tokens to verify: a proposal whose
+n-gram policy (lookup_policy.NgramPolicy) chooses, *after* the lookup, how many of its tokens to verify: a proposal whose
 source agrees with the context for 40 tokens deserves a long draft, one that agrees for 2 a short one or none.
 
 Proposals are deterministic (q = None, a one-hot): exactness holds at any temperature.
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .ngram import NgramIndex
-from .policy import NgramPolicy
+from .lookup_policy import NgramPolicy
 from edgespec.config import DrafterKind
 from .base import Outcome, Proposal
 

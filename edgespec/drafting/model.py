@@ -1,5 +1,5 @@
 """A draft model as a speculator: it samples each token from its own warped distribution q and reports that q;
-a `Controller` (policy.py) decides how many tokens each cycle drafts and stops a draft early when the draft's own
+a `Controller` (model_policy.py) decides how many tokens each cycle drafts and stops a draft early when the draft's own
 confidence says the next token is not worth its cost."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from edgespec.config import SamplingParams
 from edgespec.decoding.constraint import TokenConstraint, apply_mask
 from edgespec.errors import EdgespecError, non_finite_logits
 from edgespec.prompts.infill import InfillVocab
-from .policy import Controller
+from .model_policy import Controller
 from edgespec.config import DrafterKind
 from edgespec.decoding.sampling import greedy as greedy_token
 from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, sample, sample_at, warp_probs

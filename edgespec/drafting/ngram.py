@@ -6,7 +6,7 @@ most recent one wins. For n = n_max the match is also extended backwards: among 
 occurrences, the one whose preceding tokens agree with the context's for longest wins (ties: the most recent),
 and that agreement, capped at `run_cap`, is the match's `run`. A long run means the text is being copied from
 its source (a rewrite, an edit, a repeated block) and the next tokens are very likely right; the n-gram policy
-(policy.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s,
+(lookup_policy.NgramPolicy) plans the draft length from it. The proposal is the tokens that followed it, t_s,
 t_{s+1}, ... (s = the position just after the occurrence). When the continuation runs into the end of the
 context it keeps copying from its own proposed tokens (period L - s), i.e. it predicts that a repeating
 pattern goes on repeating.

@@ -1,6 +1,6 @@
 """A memory of everything seen as a speculator: the suffix index (suffix_index.py) offers several candidate
 continuations of the context, from the current context, earlier generations of the engine and files the user gave
-it; the tree policy (policy.TreePolicy) picks the tree to verify from the measured costs (a chain, a tree, or
+it; the tree policy (lookup_policy.TreePolicy) picks the tree to verify from the measured costs (a chain, a tree, or
 nothing), and the loop verifies it in one decode.
 
 Candidates are deterministic (q = None): exactness holds at any temperature (tree.accept_tree).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .policy import TreePolicy
+from .lookup_policy import TreePolicy
 from edgespec.config import DrafterKind
 from .suffix_index import SuffixIndex
 from edgespec.decoding.tree import ROOT, TokenTree, walk

@@ -23,19 +23,19 @@ max_occurrences with the longest runs, most recent first. Their continuations fo
 run_weight ** (best run - its run) (sources that agree longer count more) and a child's score is its share of its
 siblings' weight: an empirical P(next token | path, match). The best `max_width` children per node, depth <=
 max_depth, best first by path score (the product of scores; ties: the most recent) up to `max_nodes`, are the
-proposal (SuffixDecoding's greedy tree). An occurrence in the open document that runs into the context's end
-continues periodically (a repeating pattern goes on repeating), like ngram.NgramIndex. Occurrences older than the
-max_occurrences most recent ones of an n-gram are not looked at: a longer agreement hidden among them is found
-at the next LADDER level up, which has few occurrences.
+proposal (SuffixDecoding's greedy tree; suffix_proposal.py). An occurrence in the open document that runs into
+the context's end continues periodically (a repeating pattern goes on repeating), like ngram.NgramIndex.
+Occurrences older than the max_occurrences most recent ones of an n-gram are not looked at: a longer agreement
+hidden among them is found at the next LADDER level up, which has few occurrences.
 
 Design: a ladder of hashed n-grams (n in LADDER = 1, 2, 3, 4, 6, 8, 12, 16) rather than a suffix automaton or a
 suffix array, because it has to append cheaply, evict old documents and stay compact in numpy:
 
-* per level, two sorted numpy arrays: the n-gram's hash (uint64, polynomial mod 2**64) and the position of the
-  token after it (int32), sorted by (hash, position), so the most recent occurrences of an n-gram are the last
-  of its range (a searchsorted finds them). Finished documents share one token array and one such set of
-  arrays: about 100 bytes per token (8 levels x 12 bytes, plus the token). Adding a document merges its sorted
-  pairs in (O(N) memory moves, no sort of what is held); eviction filters the arrays (O(N), no sort).
+* per level (suffix_ladder.py), two sorted numpy arrays: the n-gram's hash (uint64, polynomial mod 2**64) and
+  the position of the token after it (int32), sorted by (hash, position), so the most recent occurrences of an
+  n-gram are the last of its range (a searchsorted finds them). Finished documents share one token array and one
+  such set of arrays: about 100 bytes per token (8 levels x 12 bytes, plus the token). Adding a document merges its
+  sorted pairs in (O(N) memory moves, no sort of what is held); eviction filters the arrays (O(N), no sort).
 * the open document has its own set, plus a buffer of its newest TAIL = 256 positions' hashes that lookups scan
   linearly; every TAIL tokens the buffer is merged into the sorted arrays. Appending a token computes
   len(LADDER) hashes from prefix hashes; a long append (a new context) is done vectorised.
@@ -56,9 +56,7 @@ or other-vocabulary file is ignored with a one-line warning (an empty index is r
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
-import math
 import os
 import struct
 import warnings
@@ -71,118 +69,12 @@ import numpy as np
 
 from edgespec.fsutil import atomic_write_bytes, read_regular_bytes
 from .ngram import as_token_list
-from edgespec.decoding.tree import ROOT, TokenTree
+from .suffix_ladder import HASH_BASE, HASH_MASK, HASH_POW, LADDER, Levels, document_entries, prefix_hashes
+from .suffix_proposal import SuffixProposal, trie_proposal
 
-LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
 MAGIC = b"EDGESPEC-SUFFIX\x00"
 FORMAT_VERSION = 1
 MAX_TOKEN_ID = 2**31 - 1
-
-_MASK = (1 << 64) - 1
-_B = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
-_B_INV = pow(_B, -1, 1 << 64)
-_POW = [pow(_B, n, 1 << 64) for n in range(max(LADDER) + 1)]  # B**n mod 2**64 for the ladder
-_NO_POSITIONS = np.zeros(0, dtype=np.int64)
-
-
-def _prefix_hashes(tokens: np.ndarray) -> np.ndarray:
-    """H[0] = 0, H[i + 1] = H[i] * B + (t_i + 1) mod 2**64, vectorised: H[i + 1] = B**i * sum_{j <= i} (t_j + 1) *
-    B**-j (uint64 arithmetic wraps, which is the mod)."""
-    m = tokens.shape[0]
-    h = np.zeros(m + 1, dtype=np.uint64)
-    if m:
-        powers = np.full(m, _B, dtype=np.uint64)
-        powers[0] = 1
-        powers = np.cumprod(powers, dtype=np.uint64)  # B**i
-        inv = np.full(m, _B_INV, dtype=np.uint64)
-        inv[0] = 1
-        inv = np.cumprod(inv, dtype=np.uint64)  # B**-i
-        s = np.cumsum((tokens.astype(np.uint64) + np.uint64(1)) * inv, dtype=np.uint64)
-        h[1:] = powers * s
-    return h
-
-
-def _level_keys(h: np.ndarray, n: int) -> np.ndarray:
-    """Hashes of the n-grams ending before positions n..m (h = prefix hashes of m tokens): key[i] is the hash of
-    tokens[i : i + n], i = 0..m - n."""
-    return h[n:] - h[:-n] * np.uint64(_POW[n])
-
-
-@dataclass(frozen=True)
-class Continuation:
-    """One candidate continuation: its tokens, each token's score (its share among its siblings, an empirical
-    P(token | the path before it)), and the path score (the product)."""
-
-    tokens: tuple[int, ...]
-    scores: tuple[float, ...]
-
-    @property
-    def score(self) -> float:
-        return math.prod(self.scores)
-
-
-@dataclass(frozen=True)
-class SuffixProposal:
-    """The candidates for the next tokens, as a trie in best-first order: node i has token tokens[i], parent
-    parents[i] (ROOT = -1: the context's last token), score scores[i] (its share among its siblings) and path
-    score path_scores[i]; siblings appear in rank order (best first). length: the matched suffix length (a LADDER
-    entry, 0 = no match); run: the best occurrence's agreement with the context (>= length, capped at run_cap);
-    n_occurrences: the occurrences behind the proposal."""
-
-    tokens: tuple[int, ...] = ()
-    parents: tuple[int, ...] = ()
-    scores: tuple[float, ...] = ()
-    path_scores: tuple[float, ...] = ()
-    length: int = 0
-    run: int = 0
-    n_occurrences: int = 0
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def candidates(self) -> list[Continuation]:
-        """Root-to-leaf continuations, best path score first."""
-        has_child = set(self.parents)
-        out = []
-        for i in range(len(self.tokens)):
-            if i in has_child:
-                continue
-            path = []
-            node = i
-            while node != ROOT:
-                path.append(node)
-                node = self.parents[node]
-            path.reverse()
-            out.append(Continuation(tuple(self.tokens[j] for j in path), tuple(self.scores[j] for j in path)))
-        out.sort(key=lambda c: -c.score)
-        return out
-
-    def tree(self, max_nodes: int | None = None) -> TokenTree:
-        """A deterministic TokenTree of the best max_nodes nodes (all by default)."""
-        n = len(self.tokens) if max_nodes is None else min(max_nodes, len(self.tokens))
-        tree = TokenTree()
-        for i in range(n):  # best-first order: parents come first
-            tree.add(self.parents[i], self.tokens[i])
-        return tree
-
-    def fill(self, rank_paths: Sequence[Sequence[int]]) -> TokenTree:
-        """A TokenTree with the shape given by rank paths (tree_shape.TreeShape.rank_paths: node i is the
-        rank_paths[i][-1]-th child of the node at rank_paths[i][:-1]); nodes the trie lacks are left out."""
-        kids: dict[int, list[int]] = {}
-        for i, p in enumerate(self.parents):
-            kids.setdefault(p, []).append(i)
-        tree = TokenTree()
-        placed: dict[tuple[int, ...], tuple[int, int]] = {(): (ROOT, ROOT)}  # rank path -> (trie node, tree node)
-        for ranks in sorted((tuple(r) for r in rank_paths), key=len):
-            parent = placed.get(ranks[:-1])
-            if parent is None or not ranks:
-                continue
-            siblings = kids.get(parent[0], [])
-            if ranks[-1] < len(siblings):
-                node = siblings[ranks[-1]]
-                placed[ranks] = (node, tree.add(parent[1], self.tokens[node]))
-        return tree
 
 
 @dataclass
@@ -191,58 +83,6 @@ class _Document:
     start: int  # in the finished-token store
     length: int
     source: str
-
-
-class _Levels:
-    """Per LADDER level, (n-gram hash, position of the token after it) pairs sorted by hash, then position: the
-    most recent occurrences of an n-gram are the last of its range."""
-
-    def __init__(self) -> None:
-        self.keys = {n: np.zeros(0, dtype=np.uint64) for n in LADDER}
-        self.pos = {n: np.zeros(0, dtype=np.int32) for n in LADDER}
-
-    def merge(self, n: int, keys: np.ndarray, pos: np.ndarray) -> None:
-        """Add pairs whose positions all exceed the held ones: O(held) memory moves, no sort of the held ones."""
-        order = np.argsort(keys, kind="stable")
-        keys, pos = keys[order], pos[order]
-        at = np.searchsorted(self.keys[n], keys, side="right")  # after equal keys: positions stay sorted
-        self.keys[n] = np.insert(self.keys[n], at, keys)
-        self.pos[n] = np.insert(self.pos[n], at, pos.astype(np.int32))
-
-    def contains(self, n: int, key: np.uint64) -> bool:
-        keys = self.keys[n]
-        lo = int(keys.searchsorted(key, side="left"))
-        return lo < keys.shape[0] and bool(keys[lo] == key)
-
-    def recent(self, n: int, key: np.uint64, count: int) -> np.ndarray:
-        """Positions of the `count` most recent occurrences of the n-gram with this hash (ascending)."""
-        keys = self.keys[n]
-        lo = int(keys.searchsorted(key, side="left"))
-        if lo == keys.shape[0] or keys[lo] != key:
-            return _NO_POSITIONS
-        hi = int(keys.searchsorted(key, side="right"))
-        return self.pos[n][max(lo, hi - count) : hi].astype(np.int64)
-
-    def drop_below(self, base: int) -> None:
-        """Forget positions < base and shift the others down by base."""
-        for n in LADDER:
-            keep = self.pos[n] >= base
-            self.keys[n] = self.keys[n][keep]
-            self.pos[n] = (self.pos[n][keep] - base).astype(np.int32)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.keys[n].nbytes + self.pos[n].nbytes for n in LADDER)
-
-
-def _entries(tokens: np.ndarray, start: int):
-    """(n, hashes, positions) per level for one document placed at `start`: every n-gram followed by a token of the
-    same document, with the position of that token."""
-    h = _prefix_hashes(tokens)
-    m = tokens.size
-    for n in LADDER:
-        if m > n:
-            yield n, _level_keys(h, n)[: m - n], np.arange(start + n, start + m, dtype=np.int64)
 
 
 class SuffixIndex:
@@ -283,7 +123,7 @@ class SuffixIndex:
         """Forget every document and the open context."""
         self._docs: list[_Document] = []
         self._store = np.zeros(0, dtype=np.int32)
-        self._finished = _Levels()
+        self._finished = Levels()
         self._doc_starts = np.zeros(0, dtype=np.int64)
         self._doc_ends = np.zeros(0, dtype=np.int64)
         self._reset_context()
@@ -292,7 +132,7 @@ class SuffixIndex:
         self._ctx: list[int] = []
         self._ctx_arr = np.zeros(1024, dtype=np.int32)
         self._ctx_h = np.zeros(1025, dtype=np.uint64)  # prefix hashes H[0..L]
-        self._frozen = _Levels()  # n-grams followed by a position < self._frozen_upto
+        self._frozen = Levels()  # n-grams followed by a position < self._frozen_upto
         self._frozen_upto = 0
         self._tail = np.zeros((len(LADDER), self.TAIL), dtype=np.uint64)  # [level, p - frozen_upto]: hash before p
 
@@ -356,17 +196,17 @@ class SuffixIndex:
                 self._freeze(p)
             recent = h[max(0, p - max(LADDER)) : p + 1].tolist()  # H[p - 16 .. p] as Python ints
             hp = recent[-1]
-            keys = [(hp - recent[-1 - n] * _POW[n]) & _MASK if n <= p else 0 for n in LADDER]
+            keys = [(hp - recent[-1 - n] * HASH_POW[n]) & HASH_MASK if n <= p else 0 for n in LADDER]
             tail[:, p - self._frozen_upto] = keys
-            h[p + 1] = (hp * _B + self._ctx[p] + 1) & _MASK
+            h[p + 1] = (hp * HASH_BASE + self._ctx[p] + 1) & HASH_MASK
             self.work["hash_writes"] += len(LADDER)
 
     def _extend_bulk(self, L: int, m: int) -> None:
         """extend() for m tokens at once (a new context): hashes and keys vectorised, merged straight into the
         sorted arrays."""
         self._freeze(L)
-        part = _prefix_hashes(self._ctx_arr[L : L + m])  # hashes of the new tokens alone
-        powers = np.full(m + 1, _B, dtype=np.uint64)
+        part = prefix_hashes(self._ctx_arr[L : L + m])  # hashes of the new tokens alone
+        powers = np.full(m + 1, HASH_BASE, dtype=np.uint64)
         powers[0] = 1
         powers = np.cumprod(powers, dtype=np.uint64)  # B**0..B**m
         self._ctx_h[L : L + m + 1] = self._ctx_h[L] * powers + part  # H[L + i] = H[L] * B**i + part[i]
@@ -375,7 +215,7 @@ class SuffixIndex:
             first = max(L, n)
             if first < L + m:
                 p = np.arange(first, L + m, dtype=np.int64)
-                self._frozen.merge(n, h[p] - h[p - n] * np.uint64(_POW[n]), p)
+                self._frozen.merge(n, h[p] - h[p - n] * np.uint64(HASH_POW[n]), p)
         self._frozen_upto = L + m
         self.work["hash_writes"] += len(LADDER) * m
 
@@ -448,7 +288,7 @@ class SuffixIndex:
         self._store = np.concatenate([self._store, arr])
         self._doc_starts = np.append(self._doc_starts, start)
         self._doc_ends = np.append(self._doc_ends, start + arr.size)
-        for n, keys, pos in _entries(arr, start):
+        for n, keys, pos in document_entries(arr, start):
             self._finished.merge(n, keys, pos)
         return doc.id
 
@@ -475,7 +315,7 @@ class SuffixIndex:
         """Index every finished document from scratch (after a load): one sort per level."""
         parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in LADDER}
         for d in self._docs:
-            for n, keys, pos in _entries(self._store[d.start : d.start + d.length], d.start):
+            for n, keys, pos in document_entries(self._store[d.start : d.start + d.length], d.start):
                 parts[n].append((keys, pos))
         for n in LADDER:
             if parts[n]:
@@ -507,11 +347,13 @@ class SuffixIndex:
         if found is None:
             return SuffixProposal()
         length, rows, runs, recency = found
-        return self._trie(rows, runs, recency, length, max_width, max_nodes, min_score)
+        return trie_proposal(
+            rows, runs, recency, length, max_width, max_nodes, min_score, run_weight=self.run_weight, run_cap=self.run_cap, work=self.work
+        )
 
     def _suffix_key(self, n: int) -> int:
         h, L = self._ctx_h, len(self._ctx)
-        return (int(h[L]) - int(h[L - n]) * _POW[n]) & _MASK
+        return (int(h[L]) - int(h[L - n]) * HASH_POW[n]) & HASH_MASK
 
     def _occurrences(self, depth: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray] | None:
         """At the longest matching level: (n, continuation rows of `depth` tokens (-1 padded), runs, recency) of the
@@ -597,72 +439,6 @@ class SuffixIndex:
             eq = np.concatenate([eq, np.zeros((pos.size, 1), dtype=bool)], axis=1)
             out.append(eq.argmin(axis=1).astype(np.int64))
         return out[0], out[1]
-
-    def _trie(
-        self,
-        rows: np.ndarray,
-        runs: np.ndarray,
-        recency: np.ndarray,
-        length: int,
-        max_width: int,
-        max_nodes: int | None,
-        min_score: float,
-    ) -> SuffixProposal:
-        """The continuations' trie, scored, then selected best-first (module docstring). Plain Python: the trie has
-        at most max_occurrences x max_depth nodes, fewer than the numpy calls a vectorised version would make."""
-        best_run = int(runs.max())
-        weights = (self.run_weight ** (best_run - runs).astype(np.float64)).tolist()
-        # trie node 0 is the root; children[i]: token -> node
-        children: list[dict[int, int]] = [{}]
-        token, weight, rec = [-1], [0.0], [-1]
-        for row, w, r in zip(rows.tolist(), weights, recency.tolist()):
-            node = 0
-            for t in row:
-                if t < 0:
-                    break
-                kids = children[node]
-                child = kids.get(t)
-                if child is None:
-                    child = kids[t] = len(token)
-                    children.append({})
-                    token.append(t)
-                    weight.append(w)
-                    rec.append(r)
-                else:
-                    weight[child] += w
-                    if r > rec[child]:
-                        rec[child] = r
-                node = child
-        self.work["trie_nodes"] += len(token) - 1
-        limit = len(token) if max_nodes is None else max_nodes
-        out_tokens: list[int] = []
-        out_parents: list[int] = []
-        out_scores: list[float] = []
-        out_paths: list[float] = []
-        heap: list[tuple[float, int, int, int, float]] = []  # (-path score, -recency, trie node, out parent, score)
-
-        def push_children(node: int, out_parent: int, path: float) -> None:
-            kids = children[node]
-            if not kids:
-                return
-            ranked = sorted(kids.values(), key=lambda k: (-weight[k], -rec[k]))[:max_width]
-            total = sum(weight[k] for k in kids.values())
-            for k in ranked:
-                score = weight[k] / total
-                if path * score >= min_score and path * score > 0.0:
-                    heapq.heappush(heap, (-path * score, -rec[k], k, out_parent, score))
-
-        push_children(0, ROOT, 1.0)
-        while heap and len(out_tokens) < limit:  # best first: SuffixDecoding's greedy tree
-            neg, _, k, out_parent, score = heapq.heappop(heap)
-            out_tokens.append(token[k])
-            out_parents.append(out_parent)
-            out_scores.append(score)
-            out_paths.append(-neg)
-            push_children(k, len(out_tokens) - 1, -neg)
-        return SuffixProposal(
-            tuple(out_tokens), tuple(out_parents), tuple(out_scores), tuple(out_paths), length, min(best_run, self.run_cap), int(rows.shape[0])
-        )
 
     # ----------------------------------------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -754,4 +530,4 @@ def default_path(vocab: str) -> Path:
     return cache_dir() / "suffix" / f"{name}.idx"
 
 
-__all__ = ["FORMAT_VERSION", "LADDER", "Continuation", "SuffixIndex", "SuffixProposal", "default_path"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "MAX_TOKEN_ID", "SuffixIndex", "default_path"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgespec.errors import IncompatiblePairError, ModelFileError
+from .gguf_header import GGUFHeader, TensorInfo
 from .gguf_rules import GGML_TYPES, RuleError, check, shown
 
 GGUF_MAGIC = b"GGUF"
@@ -187,30 +188,6 @@ class _Truncated(Exception):
     pass
 
 
-@dataclass
-class TensorInfo:
-    name: str
-    dims: list[int]  # ggml order: dims[0] is the row length
-    ttype: int  # ggml type id
-    offset: int  # from the start of the data section
-
-
-@dataclass
-class GGUFHeader:
-    """Everything before the tensor data. Numeric arrays longer than `_KEEP_NUMBERS` (scores) and the BPE merges
-    are skipped: their value is None, their type and length are kept. Token types are an array.array("i"), a
-    precompiled charsmap is bytes."""
-
-    version: int
-    kv: dict[str, Any]
-    kv_types: dict[str, tuple[int, int | None]]  # key -> (value type, element type of an array)
-    array_lengths: dict[str, int]
-    tensors: list[TensorInfo]
-    alignment: int
-    data_start: int
-    file_size: int
-
-
 # GGUF value types (gguf_type): scalar struct formats; 8 = string, 9 = array.
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _UINT32, _INT32, _STRING, _ARRAY = 4, 5, 8, 9
@@ -234,57 +211,85 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # empty file
             raise _Truncated() from None
-    buf = memoryview(mm)
-    n_buf = len(buf)
-    pos = 4
+    r = _Reader(mm)
+    try:
+        version, n_tensors, n_kv = r.take("<I"), r.take("<Q"), r.take("<Q")
+        if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
+            raise ValueError(f"implausible counts ({n_tensors:,} tensors, {n_kv:,} keys)")
+        kv, kv_types, lengths = _read_metadata(r, n_kv)
+        tensors = [_read_tensor_info(r) for _ in range(n_tensors)]
+        align = kv.get("general.alignment")
+        if kv_types.get("general.alignment") != (_UINT32, None) or not align or align & (align - 1):
+            align = _DEFAULT_ALIGNMENT  # an invalid value is reported by gguf_rules
+        data_start = (r.pos + align - 1) // align * align
+        return GGUFHeader(version, kv, kv_types, lengths, tensors, align, data_start, r.n_buf)
+    finally:
+        r.buf.release()  # the mmap cannot close while a view of it is alive
+        mm.close()
 
-    def take(fmt: str) -> Any:
-        nonlocal pos
+
+class _Reader:
+    """A cursor (`pos`) over a mapped GGUF file, from just after the magic: each read checks the end of the file
+    (_Truncated) and the format's limits (ValueError)."""
+
+    def __init__(self, mm: mmap.mmap) -> None:
+        self.mm = mm
+        self.buf = memoryview(mm)
+        self.n_buf = len(self.buf)
+        self.pos = 4
+
+    def take(self, fmt: str) -> Any:
         sz = struct.calcsize(fmt)
-        if pos + sz > n_buf:
+        if self.pos + sz > self.n_buf:
             raise _Truncated()
-        (v,) = struct.unpack_from(fmt, buf, pos)
-        pos += sz
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += sz
         return v
 
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
+    def string(self) -> str:
+        n = self.take("<Q")
         if n > _MAX_STRING:
             raise ValueError(f"string of {n:,} bytes")
-        if pos + n > n_buf:
+        if self.pos + n > self.n_buf:
             raise _Truncated()
-        s = bytes(buf[pos : pos + n]).decode("utf-8", "surrogateescape")
-        pos += n
+        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", "surrogateescape")
+        self.pos += n
         return s
 
-    def read_array(key: str, etype: int, count: int) -> Any:
-        nonlocal pos
+    def array(self, key: str, etype: int, count: int) -> Any:
         if count > _MAX_COUNT:
             raise ValueError(f"array {shown(key)} of {count:,} elements")
         if etype == _STRING:
-            # tight loop: 151k-entry vocabularies and merge lists; merges are walked past, not decoded
-            keep = key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml.")
-            unpack_q = _U64.unpack_from
-            out: list[str] | None = [] if keep else None
-            p0 = pos
-            for _ in range(count):
-                if p0 + 8 > n_buf:
-                    raise _Truncated()
-                (n,) = unpack_q(mm, p0)
-                p0 += 8
-                if p0 + n > n_buf:
-                    raise _Truncated()
-                if out is not None:
-                    out.append(mm[p0 : p0 + n].decode("utf-8", "surrogateescape"))
-                p0 += n
-            pos = p0
-            return out
+            # merges are walked past, not decoded
+            return self._strings(count, keep=key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml."))
         if etype not in _SCALAR:
             raise ValueError(f"array {shown(key)} has element type {etype}")
+        return self._numbers(key, etype, count)
+
+    def _strings(self, count: int, keep: bool) -> list[str] | None:
+        # tight loop: 151k-entry vocabularies and merge lists
+        mm, n_buf = self.mm, self.n_buf
+        unpack_q = _U64.unpack_from
+        out: list[str] | None = [] if keep else None
+        p0 = self.pos
+        for _ in range(count):
+            if p0 + 8 > n_buf:
+                raise _Truncated()
+            (n,) = unpack_q(mm, p0)
+            p0 += 8
+            if p0 + n > n_buf:
+                raise _Truncated()
+            if out is not None:
+                out.append(mm[p0 : p0 + n].decode("utf-8", "surrogateescape"))
+            p0 += n
+        self.pos = p0
+        return out
+
+    def _numbers(self, key: str, etype: int, count: int) -> Any:
+        mm, pos = self.mm, self.pos
         fmt = _SCALAR[etype]
         size = struct.calcsize(fmt) * count
-        if pos + size > n_buf:
+        if pos + size > self.n_buf:
             raise _Truncated()
         if key == "tokenizer.ggml.precompiled_charsmap" and size == count:  # UINT8/INT8 bytes
             values: Any = mm[pos : pos + size]
@@ -293,54 +298,48 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
             if sys.byteorder == "big":
                 values.byteswap()
         elif count <= _KEEP_NUMBERS:
-            values = list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos))
+            values = list(struct.unpack_from(f"<{count}{fmt[1]}", self.buf, pos))
         else:
             values = None
-        pos += size
+        self.pos = pos + size
         return values
 
-    try:
-        version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
-        if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
-            raise ValueError(f"implausible counts ({n_tensors:,} tensors, {n_kv:,} keys)")
-        kv: dict[str, Any] = {}
-        kv_types: dict[str, tuple[int, int | None]] = {}
-        lengths: dict[str, int] = {}
-        for _ in range(n_kv):
-            key = string()
-            if not key:
-                raise ValueError("empty metadata key")
-            if key in kv:
-                raise ValueError(f"duplicate metadata key {shown(key)}")
-            vtype = take("<I")
-            if vtype == _ARRAY:
-                etype, count = take("<I"), take("<Q")
-                kv_types[key], lengths[key] = (vtype, etype), count
-                kv[key] = read_array(key, etype, count)
-            elif vtype == _STRING:
-                kv_types[key], kv[key] = (vtype, None), string()
-            elif vtype in _SCALAR:
-                kv_types[key], kv[key] = (vtype, None), take(_SCALAR[vtype])
-            else:
-                raise ValueError(f"key {shown(key)} has unknown value type {vtype}")
-        tensors = []
-        for _ in range(n_tensors):
-            name = string()
-            n_dims = take("<I")
-            if n_dims > _MAX_DIMS:
-                raise ValueError(f"tensor {shown(name)} has {n_dims} dimensions (at most {_MAX_DIMS})")
-            dims = [take("<Q") for _ in range(n_dims)]
-            if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
-                raise ValueError(f"tensor {shown(name)} has an impossible shape {dims}")
-            tensors.append(TensorInfo(name, dims, take("<I"), take("<Q")))
-        align = kv.get("general.alignment")
-        if kv_types.get("general.alignment") != (_UINT32, None) or not align or align & (align - 1):
-            align = _DEFAULT_ALIGNMENT  # an invalid value is reported by gguf_rules
-        data_start = (pos + align - 1) // align * align
-        return GGUFHeader(version, kv, kv_types, lengths, tensors, align, data_start, n_buf)
-    finally:
-        buf.release()  # the mmap cannot close while a view of it is alive
-        mm.close()
+
+def _read_metadata(r: _Reader, n_kv: int) -> tuple[dict[str, Any], dict[str, tuple[int, int | None]], dict[str, int]]:
+    """The n_kv key/value pairs: (values, key -> (value type, element type of an array), array lengths)."""
+    kv: dict[str, Any] = {}
+    kv_types: dict[str, tuple[int, int | None]] = {}
+    lengths: dict[str, int] = {}
+    for _ in range(n_kv):
+        key = r.string()
+        if not key:
+            raise ValueError("empty metadata key")
+        if key in kv:
+            raise ValueError(f"duplicate metadata key {shown(key)}")
+        vtype = r.take("<I")
+        if vtype == _ARRAY:
+            etype, count = r.take("<I"), r.take("<Q")
+            kv_types[key], lengths[key] = (vtype, etype), count
+            kv[key] = r.array(key, etype, count)
+        elif vtype == _STRING:
+            kv_types[key], kv[key] = (vtype, None), r.string()
+        elif vtype in _SCALAR:
+            kv_types[key], kv[key] = (vtype, None), r.take(_SCALAR[vtype])
+        else:
+            raise ValueError(f"key {shown(key)} has unknown value type {vtype}")
+    return kv, kv_types, lengths
+
+
+def _read_tensor_info(r: _Reader) -> TensorInfo:
+    """One tensor's name, shape, type and data offset."""
+    name = r.string()
+    n_dims = r.take("<I")
+    if n_dims > _MAX_DIMS:
+        raise ValueError(f"tensor {shown(name)} has {n_dims} dimensions (at most {_MAX_DIMS})")
+    dims = [r.take("<Q") for _ in range(n_dims)]
+    if any(d >= 1 << 63 for d in dims) or math.prod(dims) >= 1 << 63:
+        raise ValueError(f"tensor {shown(name)} has an impossible shape {dims}")
+    return TensorInfo(name, dims, r.take("<I"), r.take("<Q"))
 
 
 def _text(v: Any) -> str | None:

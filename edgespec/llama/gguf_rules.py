@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import gguf_known
-
-if TYPE_CHECKING:
-    from .gguf_check import GGUFHeader
+from .gguf_header import GGUFHeader
 
 
 class RuleError(Exception):
