@@ -10,7 +10,7 @@ drift apart.
 
 Within a generation the speculators update the shared parts in place, cycle by cycle: the verify curve (through the
 CostModel, costs.VerifyCurve.update), the lookups' acceptance by match run and the draft's by position (estimators),
-the live-rate check of the kind (rate_guard.RateGuard, through speculators.guard) and the suffix memory (the suffix
+the live-rate check of the kind (rate_guard.RateGuard, through drafting.guard) and the suffix memory (the suffix
 drafters' index). What a generation holds apart and hands back at its end: the draft's per-token cost (the
 CostModel's c_draft, learnt while the draft drafts) and whether the draft model's hardware gate is open (its
 hysteresis spans generations). New measured costs (set_costs) start the curve, the draft's cost, its gate and the
@@ -75,7 +75,7 @@ class LearningState:
 
     def model_draft_used(self, kind: str, spec: SpecConfig, cost: CostModel | None = None) -> bool:
         """Whether a generation of `kind` would run the draft model on these costs (default: the current ones), with
-        the gate's state after the last generation (speculators.model_draft_used)."""
+        the gate's state after the last generation (drafting.model_draft_used)."""
         return model_draft_used(kind, spec, cost if cost is not None else self.cost_model(), self.draft_gate_open)
 
     def speculator(

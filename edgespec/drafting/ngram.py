@@ -11,7 +11,7 @@ t_{s+1}, ... (s = the position just after the occurrence). When the continuation
 context it keeps copying from its own proposed tokens (period L - s), i.e. it predicts that a repeating
 pattern goes on repeating.
 
-Proposals are deterministic, so the speculator that uses this index (speculators.lookup) reports each as a
+Proposals are deterministic, so the speculator that uses this index (drafting.lookup) reports each as a
 one-hot q, which keeps the acceptance rule exact. A lookup costs microseconds.
 
 Index: one dict from n-gram (a tuple of n token ids, n_min <= n < n_max) to the position s of the token that

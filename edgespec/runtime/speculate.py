@@ -1,7 +1,7 @@
 """The speculation loop: purely token ids in, typed steps out. It imports no llama.cpp.
 
 It does not know about text, chat templates or stop strings (the engine does); it knows a target language model
-(the `LanguageModel` protocol below: backend.Model, or a fake in tests), a speculator (speculators/), the
+(the `LanguageModel` protocol below: backend.Model, or a fake in tests), a speculator (drafting/), the
 sampling settings and the limits. Each cycle:
 
     d1..dk, q1..qk = speculator.propose(tokens, budget)   # k = 0: plain decoding
