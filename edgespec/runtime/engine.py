@@ -11,7 +11,7 @@ queues a generation and returns a `Generation` handle at once: iterate it (or `a
 thread (it stops within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`.
 Up to `parallel` generations run at once, each in its own slot, advanced cycle by cycle together (generation.Worker):
 their verify decodes go to the target in ONE llama_decode where the live cost curve says that costs less than
-separate ones (_Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
+separate ones (slots.Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
 infill, or at most SHORT_TOKENS tokens) is admitted first, takes four turns to a long one's one, and when every slot is
 busy it displaces the long generation with the most to go, whose cache is set aside in host memory and restored
 after (its output is unchanged). Conversations keep their KV cache: a generation goes to the free slot that already
@@ -25,35 +25,33 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import weakref
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from edgespec.drafting import calibration as cal
 from edgespec.llama import rpc
-from edgespec.llama.backend import DecodePart, Model, default_threads
+from edgespec.llama.backend import Model, default_threads
 from edgespec.config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
 from edgespec.config import MAX_PARALLEL
 from edgespec.config import check_int as _check_int
 from edgespec.decoding.constraint import Constraint, Matcher
 from edgespec.decoding.structured import Tool, constraint_from_response_format
 from edgespec.drafting.costs import VerifyCurve
-from edgespec.decoding.detok import StreamingDetokenizer
 from edgespec.fsutil import clear_odd_file
 from edgespec.errors import BackendError, BackendLostError, ConfigError, EdgespecError, EngineClosedError
 from edgespec.drafting.learning import LearningState
 from .generation import Chunk, Generation, Job, Result, Worker, shutdown
 from .prompt import Prompts
+from .runner import Plan, generation_steps
+from .slots import Slots
 from edgespec.llama.gguf_check import inspect_gguf, require_compatible
 from edgespec.prompts.infill import ExtraChunk, FimTokens
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from edgespec.decoding.sampling import PositionalUniforms
-from .speculate import Step, Verify, speculate_steps
 from edgespec.drafting import KINDS, tree_paths_for
 from edgespec.drafting.suffix_index import SuffixIndex
 from edgespec.drafting.suffix_index import default_path as suffix_default_path
@@ -66,9 +64,6 @@ SHORT_TOKENS = 64
 # Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the
 # machine's memory do not allow them (backend.fit_parallel).
 DEFAULT_PARALLEL = 4
-# Several generations' verify rows go to the target in one llama_decode when the live curve says that takes less than
-# this share of their separate decodes (a margin over the curve's noise).
-BATCH_GAIN = 0.97
 # Costs are measured once, at load (cached per machine), and then learnt from the decodes generation does anyway
 # (costs.VerifyCurve follows a change of the machine's load within a few cycles): nothing is measured inside a
 # request. The thread count of each model follows the load the same way (threads.py, in the backend).
@@ -136,7 +131,7 @@ class Engine:
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         if draft is not None and draft.parallel < target.parallel:
             raise ConfigError(f"the draft holds {draft.parallel} slots and the target {target.parallel}: load both with the same parallel")
-        self.slots = _Slots(target, draft, self.learning)
+        self.slots = Slots(target, draft, self.learning)
         self._worker = Worker(
             max_queue, parallel=target.parallel, execute=self.slots.execute, choose_slot=self.slots.choose,
             park=self.slots.park, unpark=self.slots.unpark,
@@ -439,15 +434,26 @@ class Engine:
                 self.target.infill_vocab()  # built once per model, here rather than in the engine's thread
             except BackendError as e:
                 raise ConfigError(str(e)) from None
-        plan = _Plan(request, ctx, max_tokens, kind, spec or self.spec, matcher)
+        plan = Plan(request, ctx, max_tokens, kind, spec or self.spec, matcher)
         stats = GenerationStats()
         ids: list[int] = []
         texts: list[str] = []
         short = request.short if request.short is not None else request.infill is not None or max_tokens <= SHORT_TOKENS
-        job = Job(steps=lambda j, slot: self._steps(j, slot, plan, stats, ids, texts), size=max_tokens, short=short)
+        job = Job(steps=lambda j, slot: generation_steps(
+            j, slot, plan, stats, ids, texts, slots=self.slots, learning=self.learning,
+            rng=self.generation_rng(plan.request.sampling), costs_source=self.calibration.source,
+        ), size=max_tokens, short=short)
         job.prompt = ctx
         self._worker.submit(job)
         return Generation(job, ids, stats, texts)
+
+    def generation_rng(self, sampling: SamplingParams) -> Any:
+        """A generation's uniforms. A seed fixes the uniform of every position: the output is then plain decoding's,
+        token for token, whatever the drafts, the costs or the machine (speculate.verify). Without one, a fresh
+        stream from the engine's entropy (tests may fix it)."""
+        if sampling.seed is not None:
+            return PositionalUniforms(sampling.seed)
+        return np.random.default_rng(self._entropy.spawn(1)[0])
 
     def matcher(self, constraint: Constraint | Mapping[str, Any]) -> Matcher | None:
         """A fresh matcher for one generation (None for response_format {"type": "text"}); ConstraintError when the
@@ -527,200 +533,6 @@ class Engine:
 
         self.submit(reset).result()
 
-    # ----------------------------------------------------------------------------- the worker's side
-
-    def _steps(
-        self, job: Job, slot: int, plan: "_Plan", stats: GenerationStats, ids: list[int], texts: list[str]
-    ) -> Generator[Verify | None, Any, None]:
-        """The worker's side of one generation, in `slot`: speculate over the plan, each step's text to the handle
-        (ids, texts). Yields each cycle's target decode (a Verify: the worker sends back its logits) and None at each
-        cycle boundary (where the worker may let other generations run)."""
-        target, draft = self.slots.models(slot)
-        req, kind, spec, sampling = plan.request, plan.kind, plan.spec, plan.request.sampling
-        logprobs = req.logprobs
-        stats.timings.queue = job.started_at - job.enqueued
-        # A seed fixes the uniform of every position: the output is then plain decoding's, token for token, whatever
-        # the drafts, the costs or the machine (speculate.verify). Without one, a fresh stream from the engine's
-        # entropy (tests may fix it).
-        rng: Any = PositionalUniforms(sampling.seed) if sampling.seed is not None else np.random.default_rng(self._entropy.spawn(1)[0])
-        cost = self.learning.cost_model()  # frozen with a frozen curve
-        speculator = self.learning.speculator(kind, spec, sampling, cost, draft, tree_paths=target.tree_paths)
-        stats.costs = {**cost.describe(), "source": self.calibration.source}
-        detok = StreamingDetokenizer(target.token_bytes, req.stop or ())
-        steps = speculate_steps(
-            target, plan.ctx, sampling, rng, max_tokens=plan.max_tokens, speculator=speculator, stats=stats,
-            should_stop=job.cancel_event.is_set, on_prefill=req.on_prefill,
-            constraint=plan.matcher, forced_drafts=req.speculative, logprobs=logprobs, clock=job.clock,
-        )
-        models = [m for m in (target, draft) if m is not None]
-        decodes_before = {m: dict(m.threads_info().get("decodes", {})) for m in models}
-        llama_before = sum(m.decode_seconds for m in models)
-        try:
-            ended = False
-            try:
-                item = next(steps)
-                while True:
-                    if isinstance(item, Verify):
-                        item = steps.send((yield item))
-                        continue
-                    if self._emit(job, item, detok, ids, texts):
-                        break
-                    yield None  # a cycle boundary
-                    cost.others = self.slots.rows_beside(slot)  # drafts are planned for the batch as a whole
-                    item = next(steps)
-            except StopIteration:
-                ended = True
-            if ended:
-                tail = detok.flush()
-                if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
-                    self._push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None))
-        finally:
-            steps.close()
-            self.slots.last_rows.pop(slot, None)
-            if detok.stopped:
-                stats.stop_reason = "stop"
-            stats.n_generated = len(ids)
-            stats.timings.waited = job.paused
-            stats.timings.llama = sum(m.decode_seconds for m in models) - llama_before
-            stats.timings.host = max(0.0, stats.wall - stats.timings.llama)
-            if speculator is not None:
-                stats.controller = speculator.stats()
-            self.learning.end_generation(speculator, kind, spec, cost)
-            stats.threads = {role: _threads_used(m, decodes_before[m]) for role, m in (("target", target), ("draft", draft)) if m is not None}
-
-    def _emit(self, job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], texts: list[str]) -> bool:
-        """Hand a step's text to the caller: its accepted draft tokens, then the target's own, each pushed token by
-        token through the detokenizer, so a stop string ends the generation at the token that completes it, as
-        plain decoding would. True when it stopped."""
-        n = step.n_accepted
-        lps = step.logprobs
-        carry = job.logprob_carry
-        for toks, from_draft, first in ((step.tokens[:n], True, 0), (step.tokens[n:], False, n)):
-            text, used = "", []
-            for tok in toks:
-                text += detok.push([tok])
-                used.append(tok)
-                with job.lock:
-                    ids.append(tok)
-                    job.progress = len(ids)
-                if detok.stopped:
-                    break
-            if lps is not None:
-                carry.extend(lps[first : first + len(used)])
-            if text:
-                chunk_lps = None
-                if lps is not None:
-                    chunk_lps, carry[:] = list(carry), []
-                self._push(job, texts, Chunk(text, used, from_draft, chunk_lps))
-            if detok.stopped:
-                return True
-        return False
-
-    def _push(self, job: Job, texts: list[str], chunk: Chunk) -> None:
-        with job.lock:
-            texts.append(chunk.text)
-        job.push(chunk)
-
-
-class _Slots:
-    """The engine's slots as the worker sees them: which models a slot's generation uses, which free slot a new one
-    takes, how its cache is set aside and put back, and how the generations' verify decodes run (one llama_decode
-    for several where the live curve says it pays). Holds the models and the learnt costs, not the engine (the
-    worker's thread must not keep the engine alive)."""
-
-    def __init__(self, target: Model, draft: Model | None, learning: LearningState) -> None:
-        self.target, self.draft, self.learning = target, draft, learning
-        self._uses = 0
-        self._last_use: dict[int, int] = {}  # slot -> when choose() last gave it out
-        self.last_rows: dict[int, int] = {}  # slot -> rows of its generation's last verify decode, when it was batched
-        self.batched_decodes = 0  # llama_decode calls that carried more than one generation's rows
-        self.batched_rows = 0
-
-    def rows_beside(self, slot: int) -> int:
-        """The rows the other generations' last verify decodes put beside this slot's (0 when they ran apart)."""
-        if slot not in self.last_rows:
-            return 0
-        return sum(n for s, n in self.last_rows.items() if s != slot)
-
-    def models(self, slot: int) -> tuple[Model, Model | None]:
-        return self.target.slot(slot), self.draft.slot(slot) if self.draft is not None else None
-
-    def choose(self, job: Job, free: list[int]) -> int:
-        """The free slot whose target cache already holds the longest prefix of the job's prompt; on a tie the one
-        used least recently (an empty slot first), so that another conversation's cache is kept where it can be."""
-        self._uses += 1
-        best = max(free, key=lambda s: (self.target.slot(s).common_prefix(job.prompt), -self._last_use.get(s, 0)))
-        self._last_use[best] = self._uses
-        return best
-
-    def park(self, slot: int) -> list[tuple[Model, list[int], bytes]]:
-        """Set the slot's caches aside in host memory (both models) and empty the slot."""
-        saved = []
-        for m in self.models(slot):
-            if m is not None:
-                saved.append((m, list(m.cached), m.save_state() if m.n_past else b""))
-        for m, _, _ in saved:
-            m.reset()
-        return saved
-
-    def unpark(self, slot: int, saved: list[tuple[Model, list[int], bytes]]) -> None:
-        """Put caches set aside by park() back, token for token and byte for byte."""
-        for m, tokens, data in saved:
-            if not data:
-                m.reset()
-            elif not m.load_state(tokens, data):
-                raise BackendError(f"{m.name}: llama.cpp could not restore the cache of a generation set aside for a shorter one")
-
-    def execute(self, requests: list[Verify]) -> list[Any]:
-        """Run the generations' verify decodes: together in one llama_decode when the live curve says one decode of all
-        their rows costs less than their separate decodes (and they fit one batch), else one by one. Each result is
-        its logits, or the exception its decode raised."""
-        out: list[Any] = [None] * len(requests)
-        curve = self.learning.curve
-        alone = list(range(len(requests)))
-        if len(requests) > 1:
-            sizes = [r.n_rows for r in requests]
-            if sum(sizes) <= self.target.n_batch and curve(sum(sizes)) < BATCH_GAIN * sum(curve(n) for n in sizes):
-                alone = []
-                parts = [
-                    DecodePart(r.model, r.tokens, rows=r.rows, start_pos=r.start_pos, depths=r.depths, seq_ids=r.seq_ids)
-                    for r in requests
-                ]
-                t0 = time.perf_counter()
-                try:
-                    got: list[Any] = self.target.decode_parts(parts)
-                except Exception as e:
-                    got = [e] * len(requests)
-                else:
-                    curve.update(sum(sizes), time.perf_counter() - t0)  # a verify of that many rows, as it was
-                    self.batched_decodes += 1
-                    self.batched_rows += sum(sizes)
-                for i, (r, g) in enumerate(zip(requests, got)):
-                    r.shared = True
-                    out[i] = g
-                    self.last_rows[r.model.slot_index] = r.n_rows
-        for i in alone:
-            self.last_rows.pop(getattr(requests[i].model, "slot_index", -1), None)
-            try:
-                # a lone decode's rows are read by its generation before any other decode of the target (the worker
-                # steps it at once): a view of llama.cpp's buffer; several run one after another: copies
-                out[i] = requests[i].run(view=len(requests) == 1)
-            except Exception as e:
-                out[i] = e
-        return out
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What the worker runs for one request: the request, checked against this engine (Engine.start), with its
-    context tokens, drafter kind, speculation settings and constraint matcher."""
-
-    request: GenerationRequest
-    ctx: list[int]
-    max_tokens: int  # the request's, or what the context leaves
-    kind: DrafterKind
-    spec: SpecConfig
-    matcher: Matcher | None
 
 
 def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
@@ -734,15 +546,6 @@ def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
             return cal.calibrate(target, None)
         with draft.pinned_threads():
             return cal.calibrate(target, draft)
-
-
-def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
-    """A model's thread choice for one generation: how it chooses, the count at the end, and (when it chooses by
-    itself) how many decodes ran with each count during the generation."""
-    info = model.threads_info()
-    if "decodes" in info:
-        info["decodes"] = {c: n - before.get(c, 0) for c, n in info["decodes"].items()}
-    return info
 
 
 def vocab_fingerprint(model: Model) -> str:
