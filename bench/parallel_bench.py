@@ -80,7 +80,7 @@ def near_tie(eng: Engine, prompt: str, alone: list[int], other: list[int]) -> di
         row = np.sort(e.target.sync(ctx)[0])
         return float(row[-1] - row[-2])
 
-    return {"token": i, "top2_gap": round(eng.submit(gap).result(), 3)}
+    return {"token": i, "top2_gap": round(eng.run_on_worker(gap).result(), 3)}
 
 
 def aggregate(a: argparse.Namespace) -> dict[str, Any]:

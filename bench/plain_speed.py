@@ -190,7 +190,7 @@ def main() -> None:
     m2 = Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads))
     d = Model(ModelSpec(draft, n_ctx=n_ctx, n_threads=threads))
     eng = Engine(Model(ModelSpec(target, n_ctx=n_ctx, n_threads=threads)), None, drafter="none")
-    eng.submit(lambda _: d.decode(list(range(100, 116)), 0)).result()  # the draft has run, as after calibration
+    eng.run_on_worker(lambda _: d.decode(list(range(100, 116)), 0)).result()  # the draft has run, as after calibration
     import llama_cpp
     from llamacpp_compare import build_dir, detect_cmake_args
 

@@ -335,10 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             r = eng.generate(tokens=ctx, sampling=s, max_tokens=a.max_tokens, speculative=False)
             trace = [int(x) for x in r.token_ids]
             if a.sampled:
-                got = eng.submit(lambda e, c=ctx, tr=trace: record_sampled(e, c, tr, sampling, a.top)).result()
+                got = eng.run_on_worker(lambda e, c=ctx, tr=trace: record_sampled(e, c, tr, sampling, a.top)).result()
                 what = f"mean alpha {sum(got['alpha']) / max(len(trace), 1) / CONF_SCALE:.3f}"
             else:
-                segs = eng.submit(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
+                segs = eng.run_on_worker(lambda e, c=ctx, tr=trace: record_segments(e.draft, c, tr, a.draft_len)).result()
                 got = {"segments": segs}
                 hits = len(trace) - len(segs)  # every miss of the draft's first token starts a new segment
                 what = f"{len(segs)} draft segments (~{max(hits, 0) / max(len(trace), 1):.0%} first-token hits)"

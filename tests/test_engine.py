@@ -130,7 +130,7 @@ def test_a_cancelled_queued_generation_never_starts(tiny):
     e = make_engine(tiny)
     try:
         blocker = threading.Event()
-        e.submit(lambda _: blocker.wait(10))
+        e.run_on_worker(lambda _: blocker.wait(10))
         queued = e.stream("abc", sampling=GREEDY, max_tokens=5)
         queued.cancel()
         blocker.set()
@@ -144,7 +144,7 @@ def test_a_full_queue_is_a_typed_error(tiny):
     e = make_engine(tiny, max_queue=1)
     try:
         blocker, started = threading.Event(), threading.Event()
-        e.submit(lambda _: (started.set(), blocker.wait(10)))
+        e.run_on_worker(lambda _: (started.set(), blocker.wait(10)))
         started.wait(10)  # the worker is busy: what comes next waits in the queue
         waiting = e.stream("abc", sampling=GREEDY, max_tokens=2)
         with pytest.raises(QueueFullError):
@@ -311,7 +311,7 @@ def test_after_close_nothing_waits_forever_and_nothing_touches_freed_memory(tiny
     e = make_engine(tiny, n_ctx=LONG + 64)
     busy = e.stream("abc", sampling=GREEDY, max_tokens=LONG)  # keeps the worker busy
     next(iter(busy))
-    fut = e.submit(lambda eng: 42)  # queued behind it
+    fut = e.run_on_worker(lambda eng: 42)  # queued behind it
     outcome: dict[str, str] = {}
 
     def ui_action() -> None:  # a UI thread resetting caches while another closes the engine
@@ -562,7 +562,7 @@ def test_per_request_settings_and_a_queued_cancel_reads_cancelled(tiny, referenc
         r = e.generate("abc d", sampling=GREEDY, max_tokens=24, spec=SpecConfig(draft_max=2, adaptive=False))
         assert r.token_ids == reference["abc d"] and max(r.stats.drafted_by_pos and [len(r.stats.drafted_by_pos)]) <= 2
         blocker, started = threading.Event(), threading.Event()
-        e.submit(lambda _: (started.set(), blocker.wait(10)))
+        e.run_on_worker(lambda _: (started.set(), blocker.wait(10)))
         started.wait(10)
         queued = e.stream("abc", sampling=GREEDY, max_tokens=5)
         queued.cancel()

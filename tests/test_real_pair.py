@@ -106,7 +106,7 @@ def greedy_identity(engine, prompts: list[str], every_run_drafts: bool = False) 
         prompt_ids = engine.prompt_tokens(messages=msgs)
         # an end of generation is the last token of the result: checked like every other
         assert spec.finish_reason == "length" or engine.target.is_eog(spec.token_ids[-1]), prompt
-        off = engine.submit(lambda e, p=prompt_ids, t=spec.token_ids: plain_walk(e.target, p, t)).result()
+        off = engine.run_on_worker(lambda e, p=prompt_ids, t=spec.token_ids: plain_walk(e.target, p, t)).result()
         for pos, top, gap in off:
             assert gap < NEAR_TIE, f"{prompt!r}: token {pos} is {gap:.3f} below plain decoding's argmax {top} (not a near-tie)"
         gaps += [g for _, _, g in off]

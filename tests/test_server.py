@@ -101,7 +101,7 @@ def record(srv: ServerThread, rid: str) -> Any:
 def engine_busy(engine: Engine) -> Iterator[threading.Event]:
     """Occupy the engine's worker until the yielded event is set (requests queue behind it meanwhile)."""
     started, release = threading.Event(), threading.Event()
-    fut = engine.submit(lambda e: (started.set(), release.wait(60)))
+    fut = engine.run_on_worker(lambda e: (started.set(), release.wait(60)))
     assert started.wait(20)
     try:
         yield release

@@ -149,7 +149,7 @@ def _run_one(
     prompt processing, when it was done apart, in seconds.draft_prefill: before the generation, so in neither its
     prefill nor its decode time), token ids and text."""
     warm = speculative and not cold_draft and engine.model_draft_used(drafter)
-    draft_prefill = engine.submit(lambda e: _prepare(e, ctx, warm)).result()
+    draft_prefill = engine.run_on_worker(lambda e: _prepare(e, ctx, warm)).result()
     r = engine.generate(tokens=ctx, sampling=sampling, max_tokens=max_tokens, speculative=speculative, drafter=drafter)
     d = r.stats.as_dict()
     d["seconds"]["draft_prefill"] = round(draft_prefill, 4)

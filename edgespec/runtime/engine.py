@@ -225,7 +225,7 @@ class Engine:
             # second thread that ever computed keeps a second OpenMP pool; with more pool threads than cores,
             # libgomp stops spinning at its barriers and every decode got ~40% slower (measured, docs/benchmarks.md).
             try:
-                eng.set_calibration(eng.submit(lambda e: _calibrate(e.target, e.draft)).result())
+                eng.set_calibration(eng.run_on_worker(lambda e: _calibrate(e.target, e.draft)).result())
             except BaseException:
                 eng.close()
                 raise
@@ -488,7 +488,7 @@ class Engine:
         """Like stream(), waited for: text, token ids, stats and finish reason."""
         return self.stream(prompt, **kwargs).result()
 
-    def submit(self, fn: Callable[["Engine"], Any]) -> "Future[Any]":
+    def run_on_worker(self, fn: Callable[["Engine"], Any]) -> "Future[Any]":
         """Run fn(engine) in the engine's thread, with the models to itself, after what is queued (for tools that
         need the models directly, e.g. the benchmark resetting caches)."""
         self._live()
@@ -518,7 +518,7 @@ class Engine:
         if memory is None:
             return 0
         toks = self.target.tokenize(text, parse_special=False)
-        self.submit(lambda eng: memory.add_document(toks, source)).result()
+        self.run_on_worker(lambda eng: memory.add_document(toks, source)).result()
         return len(toks)
 
     def reset_caches(self, *, memory: bool = False) -> None:
@@ -531,7 +531,7 @@ class Engine:
             if memory and eng.memory is not None:
                 eng.memory.clear()
 
-        self.submit(reset).result()
+        self.run_on_worker(reset).result()
 
 
 
