@@ -187,11 +187,7 @@ class CostModel:
         self.overhead = float(overhead)
         self.alpha = float(alpha)
         self.frozen = frozen or self.curve.frozen  # costs over a frozen curve learn nothing else from the clock either
-        # rows other generations put in the same verify decode (the engine's slots, batched): a decode of n rows then
-        # costs this generation its share of one row, verify(others + 1) / (others + 1), plus all that its n - 1 drafted
-        # rows add to the shared decode, verify(others + n) - verify(others + 1) (the others wait for them too): on a
-        # flat curve a draft that pushes the batch over a step pays the whole step, and shorter drafts pay; on a linear
-        # curve nothing changes. Shared with every view() of this model (one generation's drafters).
+        # rows other generations put in the same verify decode; shared with every view() (see the `others` property)
         self._others = [0]
 
     @classmethod
@@ -210,6 +206,10 @@ class CostModel:
 
     @property
     def others(self) -> int:
+        """Rows other generations put in the same verify decode (the engine's slots, batched). A decode of n rows then
+        costs this generation its share of one row, verify(others + 1) / (others + 1), plus all that its n - 1
+        drafted rows add, verify(others + n) - verify(others + 1): on a flat curve a draft that pushes the batch over
+        a step pays the whole step; on a linear curve nothing changes."""
         return self._others[0]
 
     @others.setter
@@ -222,7 +222,7 @@ class CostModel:
 
     def verify(self, n: int) -> float:
         """Seconds of a verify decode of n rows; with others' rows in the same decode (`others`), what this generation's
-        rows cost the batch (see __init__)."""
+        rows cost the batch (see `others`)."""
         if self.others <= 0 or n <= 0:
             return self.curve(n)
         base = self.curve(self.others + 1)

@@ -18,7 +18,9 @@ after (its output is unchanged). Conversations keep their KV cache: a generation
 holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (backend.PromptCache)
 and restored when it comes back, so only its new tokens are decoded.
 
-Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator.
+Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator. Costs are
+measured once at load (cached per machine) and then learnt from the decodes generations do anyway; nothing is
+measured inside a request.
 """
 
 from __future__ import annotations
@@ -64,9 +66,6 @@ SHORT_TOKENS = 64
 # Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the
 # machine's memory do not allow them (backend.fit_parallel).
 DEFAULT_PARALLEL = 4
-# Costs are measured once, at load (cached per machine), and then learnt from the decodes generation does anyway
-# (costs.VerifyCurve follows a change of the machine's load within a few cycles): nothing is measured inside a
-# request. The thread count of each model follows the load the same way (threads.py, in the backend).
 
 
 # --------------------------------------------------------------------------------------------- checks

@@ -169,10 +169,8 @@ class Prompts:
         chunks = [_extra_chunk(c, i) for i, c in enumerate(extra)]
         check_int("reserve", reserve, 0)
         budget = max(4, self.model.n_ctx - reserve)
-        # Nothing far past what the budget keeps is tokenized (a 27 MB suffix was ~7M ids, 1-2 GiB): a long text is
-        # clipped at a line start, from the end the layout drops, to a part that has twice the tokens the budget
-        # keeps (tried growing: the most bytes a token stands for bounds the last try); extra chunks are tokenized
-        # from the cursor's side until they alone fill the budget (the layout drops the farther ones whole).
+        # Tokenize little past what the budget keeps (a 27 MB suffix was ~7M ids): each text clipped at a line start
+        # to about twice the tokens kept; extra chunks from the cursor's side until they alone fill the budget.
         need = 2 * (budget + 8)
         most = need * self.max_token_bytes()
 
