@@ -15,7 +15,7 @@ separate ones (_Slots.execute), each with its own acceptance, sampler, RNG and c
 infill, or at most SHORT_TOKENS tokens) is admitted first, takes four turns to a long one's one, and when every slot is
 busy it displaces the long generation with the most to go, whose cache is set aside in host memory and restored
 after (its output is unchanged). Conversations keep their KV cache: a generation goes to the free slot that already
-holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (backend.PromptCache)
+holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (prompt_cache.PromptCache)
 and restored when it comes back, so only its new tokens are decoded.
 
 Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator.
@@ -37,7 +37,7 @@ import numpy as np
 from edgespec.drafting import calibration as cal
 from edgespec.prompts import chat_template
 from edgespec.llama import rpc
-from edgespec.llama.backend import DecodePart, Model, default_threads
+from edgespec.llama.backend import DecodePart, Model, Slot, default_threads
 from edgespec.config import DEFAULT_SAMPLING, ModelSpec, SamplingParams, SpecConfig, check_tree_fits
 from edgespec.config import MAX_PARALLEL
 from edgespec.config import check_int as _check_int
@@ -64,7 +64,7 @@ DRAFTER_KINDS = KINDS
 # to their one, and may displace a long one when every slot is busy (an editor's completion, a chat's title).
 SHORT_TOKENS = 64
 # Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the
-# machine's memory do not allow them (backend.fit_parallel).
+# machine's memory do not allow them (context.fit_parallel).
 DEFAULT_PARALLEL = 4
 # Several generations' verify rows go to the target in one llama_decode when the live curve says that takes less than
 # this share of their separate decodes (a margin over the curve's noise).
@@ -762,7 +762,7 @@ class _Slots:
             return 0
         return sum(n for s, n in self.last_rows.items() if s != slot)
 
-    def models(self, slot: int) -> tuple[Model, Model | None]:
+    def models(self, slot: int) -> tuple[Slot, Slot | None]:
         return self.target.slot(slot), self.draft.slot(slot) if self.draft is not None else None
 
     def choose(self, job: Job, free: list[int]) -> int:
@@ -773,7 +773,7 @@ class _Slots:
         self._last_use[best] = self._uses
         return best
 
-    def park(self, slot: int) -> list[tuple[Model, list[int], bytes]]:
+    def park(self, slot: int) -> list[tuple[Slot, list[int], bytes]]:
         """Set the slot's caches aside in host memory (both models) and empty the slot."""
         saved = []
         for m in self.models(slot):
@@ -783,7 +783,7 @@ class _Slots:
             m.reset()
         return saved
 
-    def unpark(self, slot: int, saved: list[tuple[Model, list[int], bytes]]) -> None:
+    def unpark(self, slot: int, saved: list[tuple[Slot, list[int], bytes]]) -> None:
         """Put caches set aside by park() back, token for token and byte for byte."""
         for m, tokens, data in saved:
             if not data:
@@ -855,7 +855,7 @@ def _calibrate(target: Model, draft: Model | None) -> cal.Calibration:
             return cal.calibrate(target, draft)
 
 
-def _threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
+def _threads_used(model: Slot, before: Mapping[str, int]) -> dict[str, Any]:
     """A model's thread choice for one generation: how it chooses, the count at the end, and (when it chooses by
     itself) how many decodes ran with each count during the generation."""
     info = model.threads_info()
