@@ -6,9 +6,10 @@
         for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
             print(chunk.text, end="")
 
-One worker thread owns the llama.cpp contexts, which hold `parallel` slots (one sequence each, in each model). `stream()`
-queues a generation and returns a `Generation` handle at once: iterate it (or `async for`), `cancel()` it from any
-thread (it stops within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`.
+One worker thread owns the llama.cpp contexts, which hold `parallel` slots (a main sequence each, and its tree paths,
+in each model: llama/slot.py). `stream()` queues a generation and returns a `Generation` handle at once: iterate it
+(or `async for`), `cancel()` it from any thread (it stops within one speculative cycle, or between prefill chunks),
+`close()` it, or ask for its `result()`.
 Up to `parallel` generations run at once, each in its own slot, advanced cycle by cycle together (generation.Worker):
 their verify decodes go to the target in ONE llama_decode where the live cost curve says that costs less than
 separate ones (_Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
