@@ -110,7 +110,7 @@ def run_real(args: argparse.Namespace) -> list[dict[str, Any]]:
     clock = DecodeClock()
     from edgespec import Engine
     from edgespec.models import resolve_model
-    from edgespec.llama.backend import ModelSpec
+    from edgespec.config import ModelSpec
 
     target = str(resolve_model(None, "target"))
     draft = str(resolve_model(None, "draft"))

@@ -47,9 +47,9 @@ class BareStepper:
     def __init__(self, path: str, n_ctx: int, threads: int) -> None:
         import llama_cpp as C
 
-        from edgespec.llama.backend import _init_llama
+        from edgespec.llama.context import init_llama
 
-        _init_llama()
+        init_llama()
         self.C = C
         self.model = C.llama_model_load_from_file(path.encode(), C.llama_model_default_params())
         cp = C.llama_context_default_params()

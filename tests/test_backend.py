@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.llama.backend import BackendError, ContextFullError, Model
+from edgespec.errors import BackendError, ContextFullError
+from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec
 from edgespec.llama.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
 from tiny import CHATML_TEMPLATE

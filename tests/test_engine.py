@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import edgespec.llama.backend as backend
+import edgespec.llama.binding as binding
 from edgespec import ConfigError, EngineClosedError, QueueFullError
 from edgespec.drafting.calibration import Calibration
 from edgespec.runtime.chat import ChatSession
@@ -439,7 +440,7 @@ def test_an_exception_after_any_llama_call_leaves_the_engine_consistent(tiny, re
     """Raise right after the n-th call of each llama.cpp function the backend uses (the call itself went through):
     the generation fails, and the next one equals a fresh engine's token for token."""
     e = make_engine(tiny)
-    C = backend.C
+    C = binding.C
     try:
         a = ChatSession(e, system="sys " * 12, sampling=GREEDY, max_tokens=10)
         b = ChatSession(e, system="other " * 12, sampling=GREEDY, max_tokens=10)
@@ -581,17 +582,15 @@ def test_every_llama_decode_runs_on_the_engine_thread(tiny, monkeypatch, tmp_pat
     decodes (calibration on the caller's thread, say) leaves more pool threads than cores, libgomp then stops
     spinning at its barriers, and every decode was measured ~40% slower. So loading (calibration included),
     generating and benchmarking must all decode on the engine's one worker thread."""
-    import edgespec.llama.backend as backend
-
     monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path))
     threads = []
-    real = backend.C.llama_decode
+    real = binding.C.llama_decode
 
     def spy(*args):
         threads.append(threading.current_thread().name)
         return real(*args)
 
-    monkeypatch.setattr(backend.C, "llama_decode", spy)
+    monkeypatch.setattr(binding.C, "llama_decode", spy)
     with Engine.load(ModelSpec(tiny["target"], n_ctx=256, n_threads=1), ModelSpec(tiny["draft"], n_ctx=256, n_threads=1)) as e:
         e.generate("abc d", sampling=GREEDY, max_tokens=8)
         ChatSession(e, sampling=GREEDY, max_tokens=4).send("hi").result()

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from edgespec.llama import backend
-from edgespec.llama.backend import Model, SpecialSplitter
+from edgespec.llama import vocab
+from edgespec.llama.backend import Model
+from edgespec.llama.vocab import SpecialSplitter
 from edgespec.config import ModelSpec
 from edgespec.errors import EngineClosedError
 from tiny import FIM_TOKENS, SPECIAL_TOKENS, write_tiny_model
@@ -34,7 +35,7 @@ def test_pieces_tokenize_as_the_whole(fim_model, monkeypatch):
     for _ in range(600):
         text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 50)))
         size = rng.choice([1, 2, 5, 16])
-        monkeypatch.setattr(backend, "TOKENIZE_PIECE_BYTES", size)
+        monkeypatch.setattr(vocab, "TOKENIZE_PIECE_BYTES", size)
         cut += bool(m.special_splitter(True).cuts(text.encode(), size))
         for add in (False, True):
             for special in (False, True):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec import Engine
-from edgespec.llama.backend import Model, ModelSpec
-from edgespec.config import SamplingParams, SpecConfig
+from edgespec.llama.backend import Model
+from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.errors import BackendError
 from tiny import write_tiny_model
 

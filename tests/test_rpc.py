@@ -18,6 +18,7 @@ import time
 import pytest
 
 import edgespec.llama.backend as backend
+from edgespec.llama.context import RPC_SLOW_FACTOR, Context, rpc_decode_allowance
 from edgespec.llama import rpc
 from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
@@ -356,7 +357,7 @@ def test_a_server_that_stalls_ends_the_process_within_the_timeout(tiny):
 
 # --------------------------------------------------------------------------------------------- servers that stall mid-work
 # llama_decode only queues an RPC model's work (ggml-rpc sends it from its own thread); the wait for the answer is
-# the synchronize inside the watched decode (backend.Model._llama_decode), so a stall anywhere in a generation ends
+# the synchronize inside the watched decode (context.Context.decode_batch), so a stall anywhere in a generation ends
 # it within EDGESPEC_RPC_TIMEOUT + rpc.LOST_GRACE. STALL_SLACK: the watchdog's quarter-second look, the process's end.
 STALL_TIMEOUT = 2.0
 STALL_SLACK = 3.0
@@ -387,14 +388,14 @@ def test_an_rpc_decode_is_given_the_timeout_plus_its_allowance():
     of the recent decodes (none yet: the timeout alone); a snapshot the timeout plus a second per 5 MB."""
     from types import SimpleNamespace
 
-    m = SimpleNamespace(_rpc=("h:1",), _rpc_timeout=2.0, _rpc_token_seconds=[])
-    m._primary = m
-    assert backend.Model._rpc_decode_seconds(m, 512) == 2.0
-    m._rpc_token_seconds += [0.001, 5.0, 0.002]  # one decode slowed by a busy moment: the median is 0.002
-    assert backend.Model._rpc_decode_seconds(m, 1) == pytest.approx(2.0 + backend.RPC_SLOW_FACTOR * 0.002)
-    assert backend.Model._rpc_decode_seconds(m, 512) == pytest.approx(2.0 + backend.RPC_SLOW_FACTOR * 1.024)
-    m._rpc = ()
-    assert backend.Model._rpc_decode_seconds(m, 1) is None
+    assert rpc_decode_allowance(2.0, [], 512) == 2.0
+    recent = [0.001, 5.0, 0.002]  # one decode slowed by a busy moment: the median is 0.002
+    assert rpc_decode_allowance(2.0, recent, 1) == pytest.approx(2.0 + RPC_SLOW_FACTOR * 0.002)
+    assert rpc_decode_allowance(2.0, recent, 512) == pytest.approx(2.0 + RPC_SLOW_FACTOR * 1.024)
+    m = SimpleNamespace(rpc=("h:1",), rpc_timeout=2.0, rpc_token_seconds=recent)
+    assert Context.rpc_decode_seconds(m, 1) == pytest.approx(2.0 + RPC_SLOW_FACTOR * 0.002)  # the model's own
+    m.rpc = ()
+    assert Context.rpc_decode_seconds(m, 1) is None  # a local model's decode is not watched
     assert rpc.transfer_seconds(50_000_000, 2.0) == pytest.approx(12.0)
 
 

@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
-import edgespec.llama.backend as backend
+from edgespec.llama.binding import C as llama_c
 from edgespec.cli import main
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
 from edgespec.runtime.engine import Engine
@@ -501,7 +501,7 @@ def test_leaving_during_prefill_stops_between_prefill_chunks(srv, engine, refere
     engine.reset_caches()
     # The engine holds after its third prefill chunk until the server has cancelled the job: the client leaves in
     # the middle of the prefill on any machine, however fast or busy.
-    C = backend.C
+    C = llama_c
     real_decode, decodes = C.llama_decode, [0]
     held, go = threading.Event(), threading.Event()
 

@@ -18,7 +18,7 @@ import pytest
 from shared import chi_square
 from test_speculate import exact_distribution  # the target's law, enumerated through llama.cpp
 
-import edgespec.llama.backend as backend
+import edgespec.llama.context as context
 from edgespec.llama.backend import DecodePart, Model
 from edgespec.drafting.calibration import Calibration
 from edgespec.config import ModelSpec, SamplingParams, SpecConfig
@@ -172,7 +172,7 @@ def test_engine_load_parallel_and_its_limits(tiny, monkeypatch):
     with pytest.raises(ConfigError, match="sequences"):
         Engine.load(tiny["target"], drafter="suffix", parallel=64, calibrate_costs=False, memory=False)
     # a cache larger than the machine's free memory: refused before llama.cpp allocates
-    monkeypatch.setattr(backend, "available_memory", lambda: 4096)
+    monkeypatch.setattr(context, "available_memory", lambda: 4096)
     with pytest.raises(ConfigError, match="KV cache"):
         Engine.load(tiny["target"], parallel=2, calibrate_costs=False, memory=False)
 

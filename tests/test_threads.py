@@ -118,17 +118,18 @@ def test_a_user_given_thread_count_is_never_changed(tiny):
         m.sync(list(range(1, 20)))
         for _ in range(30):
             m.decode([5], m.n_past)
-        assert m.threads_now == 2 and m._threads_now == 2
+        assert m.threads_now == 2 and m.context.threads_applied == 2
 
 
 def test_auto_threads_choose_among_candidates_and_pin_during_measurements(tiny, monkeypatch):
     import edgespec.llama.backend as B
+    import edgespec.llama.context as context
     from edgespec.config import ModelSpec
 
-    monkeypatch.setattr(B, "default_threads", lambda: 2)
+    monkeypatch.setattr(context, "default_threads", lambda: 2)
     set_calls: list[int] = []
-    real = B.C.llama_set_n_threads
-    monkeypatch.setattr(B.C, "llama_set_n_threads", lambda ctx, a, b: (set_calls.append(a), real(ctx, a, b))[1])
+    real = context.C.llama_set_n_threads
+    monkeypatch.setattr(context.C, "llama_set_n_threads", lambda ctx, a, b: (set_calls.append(a), real(ctx, a, b))[1])
     with B.Model(ModelSpec(tiny["target"], n_ctx=256)) as m:
         assert m.tuner is not None and m.tuner.candidates == (2, 1)
         m.sync(list(range(1, 10)))
@@ -154,9 +155,10 @@ def test_generation_stats_report_the_threads(tiny):
 
 def test_warm_threads_compares_the_counts_before_costs_are_measured(tiny, monkeypatch):
     import edgespec.llama.backend as B
+    import edgespec.llama.context as context
     from edgespec.config import ModelSpec
 
-    monkeypatch.setattr(B, "default_threads", lambda: 2)
+    monkeypatch.setattr(context, "default_threads", lambda: 2)
     with B.Model(ModelSpec(tiny["target"], n_ctx=256)) as m:
         m.warm_threads()
         info = m.threads_info()

@@ -1,6 +1,7 @@
 """The only module that imports llama_cpp (the llama-cpp-python bindings): `C`, the ctypes bindings of llama.cpp, for
-backend.py (models, contexts, decoding) and rpc.py (the RPC backend's libraries beside it). A library that cannot
-load (a CUDA build without its runtime on the library path) is one BackendError, not an ImportError's traceback."""
+context.py (models, contexts, decoding), vocab.py (tokenizing) and rpc.py (the RPC backend's libraries beside it). A
+library that cannot load (a CUDA build without its runtime on the library path) is one BackendError, not an
+ImportError's traceback."""
 
 from __future__ import annotations
 

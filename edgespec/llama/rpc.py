@@ -1,8 +1,9 @@
 """The RPC half of the backend: llama.cpp's RPC servers (ggml-rpc) as devices for a model's layers.
 
 An `rpc-server` on each host (`edgespec rpc-server`, or llama.cpp's own) exposes that host's devices over TCP; this
-process registers them (ggml_backend_rpc_add_server) and backend.Model places the model's layers over them through
-llama_model_params.devices. Imported by backend.py and the CLI only; it takes llama.cpp's bindings from llama.py.
+process registers them (ggml_backend_rpc_add_server) and context.Context places the model's layers over them through
+llama_model_params.devices. Imported by context.py, the engine and the CLI only; it takes llama.cpp's bindings from
+binding.py.
 
 ggml-rpc ends the process (GGML_ABORT) when it cannot connect or the handshake fails, and a server serves one
 client at a time (a second one waits, silently, in its listen queue). So every endpoint is probed first, here in
@@ -18,7 +19,7 @@ EXIT_RPC_LOST): llama.cpp's abort is caught by ggml's abort callback, and every 
 seconds (default 30; the load gets that plus a second per 5 MB of the file). ggml-rpc talks to a server from a thread
 of its own (its dispatcher): llama_decode only queues the graph and the read of the logits, and the wait for the
 answer is whichever call synchronizes next; so an RPC model's decode synchronizes inside its watched call
-(backend.Model._llama_decode), never later in an unwatched llama_get_logits_ith (which hung forever on a stalled
+(context.Context.decode_batch), never later in an unwatched llama_get_logits_ith (which hung forever on a stalled
 server: issue 44). The ctypes calls release the GIL, so the watchdog runs while a call waits. Before it ends, the `on_lost` hooks run (an
 Engine's ends every generation with BackendLostError, so a server's clients get an error, not a dropped
 connection) and get LOST_GRACE seconds. `edgespec serve --rpc` runs the server in a child process and reloads it
@@ -256,7 +257,7 @@ def _seconds(x: float) -> str:
 
 
 WATCHDOG = Watchdog()
-LOADING = "loading the model onto it"  # what backend.Model's load is watched as
+LOADING = "loading the model onto it"  # what context.Context's load is watched as
 
 
 def transfer_seconds(nbytes: int, timeout_s: float) -> float:

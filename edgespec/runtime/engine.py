@@ -6,16 +6,17 @@
         for chunk in eng.stream(messages=[{"role": "user", "content": "hi"}]):
             print(chunk.text, end="")
 
-One worker thread owns the llama.cpp contexts, which hold `parallel` slots (one sequence each, in each model). `stream()`
-queues a generation and returns a `Generation` handle at once: iterate it (or `async for`), `cancel()` it from any
-thread (it stops within one speculative cycle, or between prefill chunks), `close()` it, or ask for its `result()`.
+One worker thread owns the llama.cpp contexts, which hold `parallel` slots (a main sequence each, and its tree paths,
+in each model: llama/slot.py). `stream()` queues a generation and returns a `Generation` handle at once: iterate it
+(or `async for`), `cancel()` it from any thread (it stops within one speculative cycle, or between prefill chunks),
+`close()` it, or ask for its `result()`.
 Up to `parallel` generations run at once, each in its own slot, advanced cycle by cycle together (generation.Worker):
 their verify decodes go to the target in ONE llama_decode where the live cost curve says that costs less than
 separate ones (slots.Slots.execute), each with its own acceptance, sampler, RNG and constraint. A short generation (an
 infill, or at most SHORT_TOKENS tokens) is admitted first, takes four turns to a long one's one, and when every slot is
 busy it displaces the long generation with the most to go, whose cache is set aside in host memory and restored
 after (its output is unchanged). Conversations keep their KV cache: a generation goes to the free slot that already
-holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (backend.PromptCache)
+holds most of its prompt, and a snapshot of what a conversation left is kept in host memory (prompt_cache.PromptCache)
 and restored when it comes back, so only its new tokens are decoded.
 
 Plain decoding (no draft) goes through the same loop and the same sampling code with no speculator. Costs are
@@ -64,7 +65,7 @@ DRAFTER_KINDS = KINDS
 # to their one, and may displace a long one when every slot is busy (an editor's completion, a chat's title).
 SHORT_TOKENS = 64
 # Slots when the caller does not say (Engine.load parallel=None): at most this many, fewer where the sequences or the
-# machine's memory do not allow them (backend.fit_parallel).
+# machine's memory do not allow them (context.fit_parallel).
 DEFAULT_PARALLEL = 4
 
 

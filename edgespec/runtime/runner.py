@@ -11,7 +11,7 @@ from edgespec.decoding.constraint import Matcher
 from edgespec.decoding.detok import StreamingDetokenizer
 from edgespec.config import DrafterKind, SpecConfig
 from edgespec.drafting.learning import LearningState
-from edgespec.llama.backend import Model
+from edgespec.llama.backend import Slot
 from edgespec.stats import GenerationStats
 
 from .generation import Chunk, Job
@@ -124,7 +124,7 @@ def push(job: Job, texts: list[str], chunk: Chunk) -> None:
     job.push(chunk)
 
 
-def threads_used(model: Model, before: Mapping[str, int]) -> dict[str, Any]:
+def threads_used(model: Slot, before: Mapping[str, int]) -> dict[str, Any]:
     """A model's thread choice for one generation: how it chooses, the count at the end, and (when it chooses by
     itself) how many decodes ran with each count during the generation."""
     info = model.threads_info()

@@ -9,7 +9,7 @@ from typing import Any
 
 from edgespec.drafting.learning import LearningState
 from edgespec.errors import BackendError
-from edgespec.llama.backend import DecodePart, Model
+from edgespec.llama.backend import DecodePart, Model, Slot
 
 from .generation import Job
 from .speculate import Verify
@@ -39,7 +39,7 @@ class Slots:
             return 0
         return sum(n for s, n in self.last_rows.items() if s != slot)
 
-    def models(self, slot: int) -> tuple[Model, Model | None]:
+    def models(self, slot: int) -> tuple[Slot, Slot | None]:
         return self.target.slot(slot), self.draft.slot(slot) if self.draft is not None else None
 
     def choose(self, job: Job, free: list[int]) -> int:
@@ -50,7 +50,7 @@ class Slots:
         self._last_use[best] = self._uses
         return best
 
-    def park(self, slot: int) -> list[tuple[Model, list[int], bytes]]:
+    def park(self, slot: int) -> list[tuple[Slot, list[int], bytes]]:
         """Set the slot's caches aside in host memory (both models) and empty the slot."""
         saved = []
         for m in self.models(slot):
@@ -60,7 +60,7 @@ class Slots:
             m.reset()
         return saved
 
-    def unpark(self, slot: int, saved: list[tuple[Model, list[int], bytes]]) -> None:
+    def unpark(self, slot: int, saved: list[tuple[Slot, list[int], bytes]]) -> None:
         """Put caches set aside by park() back, token for token and byte for byte."""
         for m, tokens, data in saved:
             if not data:

@@ -61,7 +61,9 @@ class LanguageModel(Protocol):
 
     n_ctx: int
     n_vocab: int
-    n_decoded: int
+
+    @property
+    def n_decoded(self) -> int: ...
 
     @property
     def n_past(self) -> int: ...
