@@ -301,3 +301,16 @@ def test_asyncio_tasks_stream_together(tiny):
     with make_engine(tiny, parallel=2) as eng:
         got = asyncio.run(main(eng))
     assert [g[:N_TOKENS] for g in got] == expected
+
+
+def test_automatic_slots_stop_at_a_quarter_of_the_free_memory_and_asked_slots_do_not(tiny, monkeypatch):
+    """parallel=-n (Engine.load's parallel=None): at most the slots a quarter of the free memory holds, whatever the
+    thread setting (here fixed); a slot count the user asked for is kept where the whole memory holds it."""
+    spec = ModelSpec(tiny["target"], n_ctx=256, n_batch=64, n_threads=1)
+    with Model(spec) as one:
+        per_slot = one.kv_bytes_per_token() * 256
+    monkeypatch.setattr(context, "available_memory", lambda: 8 * per_slot)  # a quarter: 2 slots
+    with Model(spec, parallel=-4) as auto:
+        assert auto.parallel == 2
+    with Model(spec, parallel=3) as asked:
+        assert asked.parallel == 3

@@ -43,12 +43,13 @@ class Model(Slot):
     ) -> None:
         if tree_paths > 0:
             check_tree_fits(spec, int(tree_paths))  # before loading: llama.cpp aborts the process on a smaller batch
-        if parallel < 0:  # -n: as many slots as fit, up to n
+        fit = parallel < 0  # -n: as many slots as fit, up to n
+        if fit:
             parallel = fit_parallel(spec, -int(parallel), int(tree_paths))
         check_slots_fit(spec, int(parallel), int(tree_paths))
         self.spec = spec
         self.info = info if info is not None else inspect_gguf(spec.path)
-        context = Context(spec, self.info, parallel=int(parallel), tree_paths=max(0, int(tree_paths)))
+        context = Context(spec, self.info, parallel=int(parallel), tree_paths=max(0, int(tree_paths)), fit=fit)
         try:
             vocab = Vocab(context.model, context.live)
         except BaseException:

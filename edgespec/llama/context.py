@@ -111,7 +111,7 @@ class Context:
     file's checked header. Loading fails as one error with nothing left held. One thread at a time may decode (the
     engine's worker); the owner sets `closing` before it frees, and live() then refuses every new call."""
 
-    def __init__(self, spec: ModelSpec, info: GGUFInfo, *, parallel: int, tree_paths: int) -> None:
+    def __init__(self, spec: ModelSpec, info: GGUFInfo, *, parallel: int, tree_paths: int, fit: bool = False) -> None:
         init_llama()
         self.spec = spec
         self.info = info
@@ -132,8 +132,8 @@ class Context:
         self._views: dict[tuple[int | None, int], np.ndarray] = {}  # logits_view: arrays over llama.cpp's logits buffer
         try:
             ngl = self._load()
-            tuned = self._choose_threads(ngl)
-            self._fit_memory(ngl, tuned)  # TODO: the cap follows auto threads, as it did; auto parallel was likely meant
+            self._choose_threads(ngl)
+            self._fit_memory(ngl, fit)
             self._create()
         except BaseException:
             self.free()
@@ -201,7 +201,7 @@ class Context:
 
     def _fit_memory(self, ngl: int, cap: bool) -> None:
         """Where the cache lives in this machine's memory: ConfigError if it would not fit (check_cache_memory); with
-        `cap`, first no more slots than a quarter of the free memory holds."""
+        `cap` (the slot count was left to the engine), first no more slots than a quarter of the free memory holds."""
         spec = self.spec
         if ngl != 0 and (spec.rpc or gpu_offload_supported()):
             return
