@@ -1,5 +1,6 @@
-"""The package's wings import only downwards (docs/design.md's module map): every import of an edgespec module,
-at the top, inside a function or under TYPE_CHECKING, read from the source with ast."""
+"""The package's structure (docs/design.md's module map), read from the source with ast: the wings import only
+downwards (every import: top level, in a function, under TYPE_CHECKING), no import circle, no private name imported
+across modules, at most 12 modules at the top level."""
 
 from __future__ import annotations
 
@@ -82,3 +83,92 @@ def test_the_top_level_is_the_base_and_the_wings():
     for w in wings:
         doc = ast.get_docstring(ast.parse((PKG / w / "__init__.py").read_text(encoding="utf-8")))
         assert doc and "May import" in doc or w in ("cli", "models", "server", "bench"), f"{w}/__init__.py says what it may import"
+
+
+def _top_level_imports(path: Path, module: str) -> set[str]:
+    """The edgespec modules a module imports when it is imported: its top-level statements (TYPE_CHECKING blocks and
+    function bodies excluded), each `from X import name` counted as X.name where that is a module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    pkg = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _imports_of(node, pkg):
+                    found.add(target)
+
+    visit(tree.body)
+    return found
+
+
+def _imports_of(node: ast.Import | ast.ImportFrom, pkg: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.startswith("edgespec")]
+    if node.level:
+        base = pkg.split(".")
+        base = base[: len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    if not mod.startswith("edgespec"):
+        return []
+    return [mod] + [f"{mod}.{a.name}" for a in node.names]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        out[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    return out
+
+
+def test_no_import_circle():
+    """No module imports, at import time, a module that imports it back (directly or around a longer circle); a
+    package counts as importing its parents' __init__ too, as Python runs them first."""
+    mods = _modules()
+    graph = {m: {t for t in _top_level_imports(p, m) if t in mods and t != m} for m, p in mods.items()}
+    for m in mods:  # importing a.b.c runs a/__init__ and a.b/__init__ first
+        parts = m.split(".")
+        graph[m] |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in mods and ".".join(parts[:i]) != m}
+    graph = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in graph.items()}  # a module's own parents: not a circle
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def walk(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                circles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                walk(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(mods):
+        if m not in state:
+            walk(m)
+    assert circles == [], "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    mods = _modules()
+    wrong = []
+    for m, path in mods.items():
+        pkg = m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and _imports_of(node, pkg):
+                wrong += [f"{m}: {a.name} from {_imports_of(node, pkg)[0]}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert wrong == [], "\n".join(wrong)
