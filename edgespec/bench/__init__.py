@@ -142,7 +142,7 @@ def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
     return time.perf_counter() - t0
 
 
-def _run_one(
+def run_generation(
     engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool, drafter: str | None = None
 ) -> dict[str, Any]:
     """One generation from an empty target cache (with `drafter`, default the engine's): its stats (the draft's
@@ -243,7 +243,7 @@ def run_bench(
         # First calls pay page faults and allocations; keep them out of the measurement.
         ctx = prepared[0][3]
         for spec_side in (False, True):
-            _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
+            run_generation(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
     costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_used()}
     records: list[dict[str, Any]] = []
     pair_no = 0
@@ -254,29 +254,13 @@ def run_bench(
             order = ("plain", "spec") if pair_no % 2 == 0 else ("spec", "plain")
             pair_no += 1
             for side in order:
-                runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
-        p_rate, s_rate = _side(runs["plain"]).tokens_per_second, _side(runs["spec"]).tokens_per_second
-        identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
-        rec = {
-            "suite": suite,
-            "index": i,
-            "name": entry.get("name") or f"{suite}-{i + 1}",
-            "kind": "raw" if "prompt" in entry else "chat",
-            "n_prompt": len(ctx),
-            "plain_tokens_per_second": round(p_rate, 3),
-            "spec_tokens_per_second": round(s_rate, 3),
-            "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else 0.0,
-            "identical": identical if greedy else None,
-            "plain": [r["stats"] for r in runs["plain"]],
-            "spec": [r["stats"] for r in runs["spec"]],
-            "plain_text": runs["plain"][0]["text"],
-            "spec_text": runs["spec"][0]["text"],
-            "_runs": runs,
-        }
+                runs[side].append(run_generation(engine, ctx, s, max_tokens, side == "spec", cold_draft))
+        rec = _prompt_record(suite, i, entry, ctx, runs, greedy)
         records.append(rec)
         say(
-            f"[{n + 1}/{len(prepared)}] {rec['name']}: plain {p_rate:.1f} tok/s, spec {s_rate:.1f} tok/s, "
-            f"x{rec['speedup']:.2f}" + ("" if not greedy else ("  identical" if identical else "  DIFFERENT OUTPUT"))
+            f"[{n + 1}/{len(prepared)}] {rec['name']}: plain {rec['plain_tokens_per_second']:.1f} tok/s, spec "
+            f"{rec['spec_tokens_per_second']:.1f} tok/s, x{rec['speedup']:.2f}"
+            + ("" if not greedy else ("  identical" if rec["identical"] else "  DIFFERENT OUTPUT"))
         )
     by_suite: dict[str, list[dict[str, Any]]] = {}
     for r in records:
@@ -298,6 +282,31 @@ def run_bench(
         "prompts": records,
         "suites": {name: _summary(rs, greedy) for name, rs in by_suite.items()},
         "overall": _summary(records, greedy) if records else None,
+    }
+
+
+def _prompt_record(
+    suite: str, i: int, entry: Mapping[str, Any], ctx: list[int], runs: dict[str, list[dict[str, Any]]], greedy: bool
+) -> dict[str, Any]:
+    """One prompt's record in the report: its plain and speculative runs (their stats, the first run's texts, the raw
+    runs under "_runs" for the summaries), the two rates and their ratio."""
+    p_rate, s_rate = _side(runs["plain"]).tokens_per_second, _side(runs["spec"]).tokens_per_second
+    identical = all(a["token_ids"] == b["token_ids"] for a, b in zip(runs["plain"], runs["spec"]))
+    return {
+        "suite": suite,
+        "index": i,
+        "name": entry.get("name") or f"{suite}-{i + 1}",
+        "kind": "raw" if "prompt" in entry else "chat",
+        "n_prompt": len(ctx),
+        "plain_tokens_per_second": round(p_rate, 3),
+        "spec_tokens_per_second": round(s_rate, 3),
+        "speedup": round(s_rate / p_rate, 4) if p_rate > 0 else 0.0,
+        "identical": identical if greedy else None,
+        "plain": [r["stats"] for r in runs["plain"]],
+        "spec": [r["stats"] for r in runs["spec"]],
+        "plain_text": runs["plain"][0]["text"],
+        "spec_text": runs["spec"][0]["text"],
+        "_runs": runs,
     }
 
 
@@ -345,6 +354,7 @@ __all__ = [
     "load_suites",
     "load_prompts_jsonl",
     "run_bench",
+    "run_generation",
     "format_report",
     "public_report",
     "plot_format",
