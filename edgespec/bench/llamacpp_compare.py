@@ -140,7 +140,8 @@ def run_comparison(
     for name, kind in OURS.items():  # unrecorded warm-up of our side (first-call page faults), as edgespec bench does
         if name in methods:
             run_ours(eng, ctx0[:64], kind, n)
-    prompts, depths = [], {}
+    prompts: list[tuple[str, int, list[int], str]] = []
+    depths: dict[str, list[int]] = {}
     for suite, entries in work.items():
         for i, entry in enumerate(entries):
             ctx = eng.prompt_tokens(entry.get("prompt"), messages=entry.get("messages"))
