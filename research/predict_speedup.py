@@ -72,9 +72,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # record_traces (the file format) sits next to this script
+sys.path.insert(0, str(HERE.parent))  # this checkout's edgespec
 
-from record_traces import continuation, continuation_with_alternatives  # noqa: E402
+from edgespec.bench.traces import CONF_SCALE, LOGP_SCALE, continuation, continuation_with_alternatives  # noqa: E402
 from edgespec.fsutil import atomic_write_text  # noqa: E402
 from edgespec.drafting.learning import LearningState  # noqa: E402
 from edgespec.runtime.request import DrafterKind  # noqa: E402
@@ -467,8 +467,6 @@ class SampledVocab:
 
     def row(self, entry: Sequence[Sequence[int]]) -> np.ndarray:
         """One recorded position as logits over the compact vocabulary (log probabilities: softmax = the recording)."""
-        from record_traces import LOGP_SCALE
-
         ids, lps = entry
         x = np.asarray(lps, dtype=np.float64) / LOGP_SCALE
         # strictly in the recorded order (rounding to LOGP_SCALE makes near-ties ties, which the sampler's filters would
@@ -568,8 +566,6 @@ def sampled_acceptance(sp: SampledPrompt, params: Any, k_max: int, spec: Any) ->
     from edgespec.decoding.acceptance import expected_acceptance
     from edgespec.drafting.ngram import NgramIndex
     from edgespec.decoding.sampling import warp
-
-    from record_traces import CONF_SCALE
 
     n = len(sp.trace)
     alpha = [a / CONF_SCALE for a in sp.rec["alpha"]]
@@ -1106,8 +1102,6 @@ def predict(
             }
         out["oracle"] = {k: round(s["oracle_tokens"] / v / plain_rate, 4) for k, v in s["oracle"].items() if v > 0}
         if s["alpha"]:  # a sampled recording: the draft's mean acceptance rate along the trajectories
-            from record_traces import CONF_SCALE
-
             out["alpha"] = round(sum(s["alpha"]) / len(s["alpha"]) / CONF_SCALE, 4)
         if fit:
             sec, table = fitted_run_table(s["proposals"], cost, ngram_cap)

@@ -27,7 +27,7 @@ RESEARCH = ROOT / "research"
 sys.path.insert(0, str(RESEARCH))
 
 import predict_speedup as ps  # noqa: E402
-import record_traces as rt  # noqa: E402
+from edgespec.bench import traces as rt  # noqa: E402
 
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
 from edgespec.drafting.costs import CostModel, VerifyCurve  # noqa: E402
