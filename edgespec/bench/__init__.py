@@ -22,6 +22,15 @@ Library use:
     from edgespec.bench import load_suites, run_bench, format_report
     report = run_bench(engine, {"mine": [{"prompt": "def f(x):"}]}, sampling, max_tokens=64)
     print(format_report(report))
+
+The wing also holds the measurements around this benchmark, each a library whose command line is a script in the
+repository's bench/ or research/ (docs/design.md's module map): the speedup replay (traces, curves, recorded, replay,
+oracle, speedup; measure and synth for curves and synthetic models), llama.cpp's own tools and the comparisons with
+them (llamacpp, llamacpp_compare, bare_loop), the infill suite (infill_suite) and a delaying TCP proxy (delay_proxy).
+None of them is imported here, and importing one loads llama.cpp only where it needs it.
+
+May import: every wing below it (prompts/, decoding/, llama/, drafting/, runtime/) and the base modules; never
+server/, cli/ or models/ (the scripts resolve models and pass their paths in).
 """
 
 from __future__ import annotations
