@@ -4,7 +4,7 @@ draft local, plain vs speculative per added round-trip delay (issue 35; docs/rpc
     .venv/bin/python bench/rpc_bench.py                                  # delays 0,2,5,10 ms, 3 suites x 3 prompts
     .venv/bin/python bench/rpc_bench.py --delays 0,10 --prompts-per-suite 2 --max-tokens 64 --json out.json
 
-Per delay it starts two `delay_proxy.DelayProxy`s in front of two `edgespec rpc-server`s (started once, loopback) and
+Per delay it starts two `edgespec.bench.delay_proxy.DelayProxy`s in front of two `edgespec rpc-server`s (started once, loopback) and
 runs `edgespec bench --rpc P1,P2` in a fresh process with a fresh cache folder (so the engine calibrates its cost
 curve over this link, as a user's first load there does; the models are linked in from the user cache): plain and
 speculative runs interleaved prompt by prompt, greedy. It reports per delay: the verify-cost curve the engine
@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent), str(ROOT / "tests")]  # this checkout; the proxy; the server fixture
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout; the server fixture
 
-from delay_proxy import DelayProxy  # noqa: E402
 from rpc_process import RpcServer  # noqa: E402
+
+from edgespec.bench.delay_proxy import DelayProxy  # noqa: E402
 
 from edgespec.models import resolve_model  # noqa: E402
 from edgespec.paths import cache_dir  # noqa: E402

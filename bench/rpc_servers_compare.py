@@ -4,7 +4,7 @@ local draft model, -md), on the same prompts, per added network delay (issue 35;
     .venv/bin/python bench/rpc_servers_compare.py                        # delays 0,10 ms, 3 suites x 2 prompts
     .venv/bin/python bench/rpc_servers_compare.py --delays 0,5,10 --prompts-per-suite 3 --json out.json
 
-Two `edgespec rpc-server`s on loopback (started once) hold the target's layers; per delay a `delay_proxy.DelayProxy`
+Two `edgespec rpc-server`s on loopback (started once) hold the target's layers; per delay a `edgespec.bench.delay_proxy.DelayProxy`
 in front of each adds the round trip. Then, one server at a time (an rpc-server serves one client at a time), each on
 the default pair with the target over both proxies and the draft on this machine:
 
@@ -38,11 +38,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent), str(ROOT / "tests")]
 
-from delay_proxy import DelayProxy  # noqa: E402
 from llamaserver_compare import Server, free_port  # noqa: E402
 from rpc_process import RpcServer  # noqa: E402
 
 from edgespec.bench import load_suites  # noqa: E402
+from edgespec.bench.delay_proxy import DelayProxy  # noqa: E402
 from edgespec.models import resolve_model  # noqa: E402
 
 

@@ -21,7 +21,7 @@
 #   MANIFEST            what is where, with sizes.
 #
 # The sdist comes from /work/ref/llama_cpp_python-<version> when it is there, else from
-# ~/.cache/edgespec/llamacpp/sdist (downloaded once with `pip download --no-binary :all:`, as llamacpp_compare.py
+# ~/.cache/edgespec/llamacpp/sdist (downloaded once with `pip download --no-binary :all:`, as edgespec/bench/llamacpp.py
 # does). The sources themselves are never committed: build/ is ignored.
 set -euo pipefail
 
@@ -36,9 +36,9 @@ LIMIT_MIB="${BUNDLE_LIMIT_MIB:-48}"
 log() { printf '[bundle] %s\n' "$*" >&2; }
 
 find_sdist() {  # the sdist's root, downloaded and unpacked once (bench/llamacpp_compare.py's cache, shared with it)
-  "$PY" -c 'import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1])
-from llamacpp_compare import fetch_sources
-print(fetch_sources(Path(sys.argv[2]), sys.argv[3]).parent.parent)' "$ROOT/bench" "$CACHE/llamacpp" "$VERSION" | tail -n 1
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c 'import sys; from pathlib import Path
+from edgespec.bench.llamacpp import fetch_sources
+print(fetch_sources(Path(sys.argv[1]), sys.argv[2]).parent.parent)' "$CACHE/llamacpp" "$VERSION" | tail -n 1
 }
 
 SRC="$(find_sdist)"

@@ -1,16 +1,13 @@
-"""bench/bench_infill.py's prompt builder (pure: no model): spans blanked out of a real installed package's
-functions, the same prompts every run, prefix + middle + suffix contiguous in the source file."""
+"""The infill benchmark's prompt builder (edgespec/bench/infill_suite.py; bench/bench_infill.py is its command line),
+pure, no model: spans blanked out of a real installed package's functions, the same prompts every run, prefix +
+middle + suffix contiguous in the source file."""
 
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-
-from bench_infill import GROUPS, build_prompts, summarize  # noqa: E402
+from edgespec.bench.infill_suite import GROUPS, build_prompts, summarize
 
 
 def test_prompts_are_real_code_with_a_span_blanked_out():

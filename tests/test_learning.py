@@ -1,5 +1,5 @@
 """The learning state (edgespec.drafting.learning.LearningState): what an engine carries from one generation to the next, one
-object that the engine and the replay (research/predict_speedup.py) both drive, so that the replay cannot drift.
+object that the engine and the replay (edgespec/bench/replay.py) both drive, so that the replay cannot drift.
 
 * Its methods: a new calibration starts the costs, the gate and the guards over and keeps the estimates and the memory;
   a generation's speculator is built on the state (guarded when adaptive); its end hands back the draft's cost and gate.
@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_gpu_tools import FLAT, ps, record_tiny, synthetic_data
+from edgespec.bench import curves, oracle, recorded, replay, speedup
+from test_gpu_tools import FLAT, record_tiny, synthetic_data
 
 from edgespec.drafting.calibration import Calibration
 from edgespec.config import SamplingParams, SpecConfig
@@ -85,14 +86,14 @@ def test_the_engine_and_the_replay_drive_the_same_class(tiny, monkeypatch):
     from edgespec.config import ModelSpec
     from edgespec.runtime.engine import Engine
 
-    assert not hasattr(ps, "EngineState")
-    assert type(ps.new_state(ps.Curve(verify=dict(FLAT), draft=0.001))) is LearningState
+    assert not any(hasattr(m, "EngineState") for m in (curves, oracle, recorded, replay, speedup))  # no copy of the class
+    assert type(replay.new_state(curves.Curve(verify=dict(FLAT), draft=0.001))) is LearningState
     calls: list[str] = []
     for name in ("cost_model", "speculator", "end_generation"):
         orig = getattr(LearningState, name)
         monkeypatch.setattr(LearningState, name, lambda self, *a, _o=orig, _n=name, **k: (calls.append(_n), _o(self, *a, **k))[1])
     data = synthetic_data(3)
-    ps.predict(data, ps.Curve(verify=dict(FLAT), draft=0.003), SpecConfig(), kinds=("model+ngram", "ngram"))
+    speedup.predict(data, curves.Curve(verify=dict(FLAT), draft=0.003), SpecConfig(), kinds=("model+ngram", "ngram"))
     n = len(data["prompts"]) * 2  # prompts x kinds (plain decoding builds only a cost model)
     assert calls.count("speculator") == n and calls.count("end_generation") == n
     assert calls.count("cost_model") >= n + len(data["prompts"])  # (and the report's gate on a fresh state)
@@ -127,12 +128,12 @@ def test_two_generations_teach_the_engine_and_the_replay_alike(tiny, kind, adapt
     plain, data = record_tiny(target, draft, prompt, n)
     target.reset()
     draft.reset()
-    curve = ps.Curve(verify=dict(FLAT), draft=0.001)
-    replayed = ps.new_state(curve)
+    curve = curves.Curve(verify=dict(FLAT), draft=0.001)
+    replayed = replay.new_state(curve)
     with Engine(target, draft, drafter=kind, spec=spec, calibration=Calibration(dict(FLAT), 0.001, "fixed")) as eng:
         for _ in range(2):
             r = eng.generate(tokens=prompt, sampling=GREEDY, max_tokens=n)
-            rep, _ = ps.run_one(data["prompts"][0], data, kind, curve, replayed, spec)
+            rep, _ = replay.run_one(data["prompts"][0], data, kind, curve, replayed, spec)
             assert r.token_ids == plain
             assert (rep.n_cycles, rep.n_drafted, rep.n_accepted) == (r.stats.n_cycles, r.stats.n_drafted, r.stats.n_accepted)
             assert rep.n_drafted > 0

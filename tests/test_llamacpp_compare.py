@@ -1,19 +1,15 @@
-"""The tools that compare edgespec's speed with llama.cpp's: bench/llamacpp_compare.py (the parsing of the C++
-tools' summaries and the paired ratios, on hand-made runs) and bench/plain_speed.py --paired (its layers decode
-the same tokens, on a tiny model). The comparisons themselves need the built tools and the real pair and take
+"""The tools that compare edgespec's speed with llama.cpp's (edgespec/bench/; bench/llamacpp_compare.py and
+bench/plain_speed.py are their command lines): the parsing of the C++ tools' summaries (llamacpp) and the paired
+ratios (llamacpp_compare), on hand-made runs, and plain_speed.py --paired's layers (bare_loop), which decode the same
+tokens, on a tiny model. The comparisons themselves need the built tools and the real pair and take
 minutes: they are benchmarks, run by hand, see docs/benchmarks.md."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import llamacpp_compare as lc  # noqa: E402
+from edgespec.bench import llamacpp_compare as lc
+from edgespec.bench.llamacpp import parse_tool_output
 
 # the end of llama-lookup's output (llama.cpp vendored in llama-cpp-python 0.3.36, log timestamps on)
 LOOKUP_TAIL = """
@@ -31,11 +27,11 @@ LOOKUP_TAIL = """
 
 
 def test_the_tools_summary_is_parsed():
-    out = lc.parse_tool_output(LOOKUP_TAIL)
+    out = parse_tool_output(LOOKUP_TAIL)
     assert out == {"tokens": 129, "seconds": 4.87, "prompt_tokens": 95, "prompt_seconds": 0.412,
                    "n_predict": 129, "n_drafted": 56, "n_accept": 31}
     with pytest.raises(ValueError):
-        lc.parse_tool_output("main: error: failed to load model")
+        parse_tool_output("main: error: failed to load model")
 
 
 def run(prompt: int, pass_: int, tokens: int, seconds: float, **kw) -> dict:
@@ -70,11 +66,11 @@ def test_best_speculative_tool_is_chosen_per_prompt_and_pass():
 
 
 def test_paired_steps_decode_the_same_tokens_in_every_layer(tiny):
-    """bench/plain_speed.py --paired: the bare loop, the backend Model and a Model with tree sequences, stepped in
+    """bench/plain_speed.py --paired (edgespec.bench.bare_loop): the bare loop, the backend Model and a Model with tree sequences, stepped in
     turn, decode the same greedy continuation (so their per-token times compare like with like)."""
     import numpy as np
 
-    import plain_speed
+    from edgespec.bench import bare_loop as plain_speed
     from edgespec.llama.backend import Model
     from edgespec.config import ModelSpec
 

@@ -364,12 +364,9 @@ STALL_SLACK = 3.0
 
 
 def _delay_proxy(server: RpcServer, rtt_ms: float):
-    """bench/delay_proxy.py in front of `server`: every round trip `rtt_ms` longer, so that the tiny model's
+    """edgespec.bench.delay_proxy in front of `server`: every round trip `rtt_ms` longer, so that the tiny model's
     generation lasts long enough to be stopped in the middle (alone it makes 1,600 tokens/s)."""
-    bench = str(ROOT / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    from delay_proxy import DelayProxy
+    from edgespec.bench.delay_proxy import DelayProxy
 
     return DelayProxy(("127.0.0.1", server.port), rtt_ms)
 

@@ -1,5 +1,6 @@
-"""The sampled replay (issue 23, item 4): research/record_traces.py --sampled records a trajectory per prompt and both
-models' top distributions along it; research/predict_speedup.py --sampled replays sampling at T > 0 from them.
+"""The sampled replay (issue 23, item 4): research/record_traces.py --sampled (edgespec/bench/traces.py) records a
+trajectory per prompt and both models' top distributions along it; research/predict_speedup.py --sampled
+(edgespec/bench/recorded.py, replay.py, speedup.py) replays sampling at T > 0 from them.
 
 * The rows the replay rebuilds reproduce the recorded exact acceptance rate sum(min(p, q)) after the sampler's
   filters (synthetic recordings; a tiny llama.cpp pair recorded by the real recorder; the committed file).
@@ -12,6 +13,8 @@ models' top distributions along it; research/predict_speedup.py --sampled replay
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,15 +22,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from edgespec.bench import curves, oracle, recorded, speedup
+from edgespec.bench import traces as rt
+from edgespec.config import SamplingParams, SpecConfig
+from edgespec.decoding.sampling import warp
+
 ROOT = Path(__file__).resolve().parents[1]
-RESEARCH = ROOT / "research"
-sys.path.insert(0, str(RESEARCH))
-
-import predict_speedup as ps  # noqa: E402
-import record_traces as rt  # noqa: E402
-
-from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
-from edgespec.decoding.sampling import warp  # noqa: E402
+RESEARCH = ROOT / "research"  # the recordings and curves (data, read as files) and predict_speedup.py, run as a command
+DEFAULT_SAMPLED = RESEARCH / "data" / "traces_t1.json.gz"
 
 FLAT = {1: 0.010, 2: 0.0102, 4: 0.0105, 8: 0.011, 16: 0.012}
 SETTINGS = {"temperature": 1.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -77,9 +79,9 @@ def test_rebuilt_rows_reproduce_the_recorded_acceptance_rate():
     p, q = random_dists(rng, n), random_dists(rng, n)
     trace = [max(d, key=d.get) for d in p]
     data = sampled_data(p, q, [5, 6, 7], trace)
-    sp = ps.SampledPrompt(data["prompts"][0], ps.SampledVocab(data))
-    params = ps.sampled_params(data)
-    errs = [abs(ps.row_alpha(sp, i, params) - a / rt.CONF_SCALE) for i, a in enumerate(data["prompts"][0]["alpha"])]
+    sp = recorded.SampledPrompt(data["prompts"][0], recorded.SampledVocab(data))
+    params = recorded.sampled_params(data)
+    errs = [abs(recorded.row_alpha(sp, i, params) - a / rt.CONF_SCALE) for i, a in enumerate(data["prompts"][0]["alpha"])]
     assert max(errs) < 2e-3, max(errs)
     assert params.seed is None and params.temperature == 1.0 and params.top_k == 40
 
@@ -92,15 +94,15 @@ def test_a_draft_equal_to_the_target_is_always_accepted_and_a_shifted_one_never(
     trace = [10 * i + 1 for i in range(n)]
     same = sampled_data(p, p, [2, 3, 4], trace)
     ahead = sampled_data(p, p[1:] + p[-1:], [2, 3, 4], trace)
-    curve = ps.Curve(verify=dict(FLAT), draft=0.001)
+    curve = curves.Curve(verify=dict(FLAT), draft=0.001)
     spec = SpecConfig(draft_max=4, adaptive=False)
     for data, accepted in ((same, True), (ahead, False)):
-        res = ps.predict(data, curve, spec, kinds=("model",))
+        res = speedup.predict(data, curve, spec, kinds=("model",))
         m = res["overall"]["model"]
         assert m["drafted"] > 20
         assert m["acceptance"] == (1.0 if accepted else 0.0), m
     # the equal draft on a flat curve: about k + 1 tokens per cycle
-    assert ps.predict(same, curve, spec, kinds=("model",))["overall"]["model"]["speedup"] > 3.0
+    assert speedup.predict(same, curve, spec, kinds=("model",))["overall"]["model"]["speedup"] > 3.0
 
 
 def test_the_replay_is_deterministic_and_reaches_the_tokens():
@@ -109,9 +111,9 @@ def test_the_replay_is_deterministic_and_reaches_the_tokens():
     p = random_dists(rng, n)
     q = [{t: 0.5 * x + 0.5 / len(d) for t, x in d.items()} for d in p]  # a draft that half agrees
     data = sampled_data(p, q, [3, 4, 5], [max(d, key=d.get) for d in p])
-    curve = ps.Curve(verify=dict(FLAT), draft=0.002)
-    a = ps.predict(data, curve, SpecConfig())
-    b = ps.predict(data, curve, SpecConfig())
+    curve = curves.Curve(verify=dict(FLAT), draft=0.002)
+    a = speedup.predict(data, curve, SpecConfig())
+    b = speedup.predict(data, curve, SpecConfig())
     assert a["overall"] == b["overall"]
     o = a["overall"]
     assert o["tokens"] == n and o["alpha"] == pytest.approx(np.mean(data["prompts"][0]["alpha"]) / rt.CONF_SCALE, abs=1e-4)
@@ -123,7 +125,7 @@ def test_expected_oracle_equals_the_greedy_oracle_where_acceptance_is_certain():
     accepted run lengths (model: consecutive ones from t, capped at k_max; the lookup: its proposal's leading ones)."""
     rng = np.random.default_rng(11)
     for verify, draft in ((FLAT, 0.002), ({1: 1.0, 2: 1.2, 4: 1.5, 8: 3.0}, 0.3)):
-        cost = ps.Curve(verify=dict(verify), draft=draft)
+        cost = curves.Curve(verify=dict(verify), draft=draft)
         for _ in range(5):
             n, k_max = 40, 6
             alpha = [float(x) for x in rng.random(n) < 0.7]
@@ -136,8 +138,8 @@ def test_expected_oracle_equals_the_greedy_oracle_where_acceptance_is_certain():
                 model_r.append(r)
             ngram_r = [next((i for i, a in enumerate(acc) if a == 0.0), len(acc)) for acc in lookup]
             for m, g in ((True, False), (False, True), (True, True)):
-                want = ps.oracle_seconds(n, cost, model_r if m else None, ngram_r if g else None)
-                got = ps.expected_oracle_seconds(n, cost, alpha if m else None, lookup if g else None, k_max)
+                want = oracle.oracle_seconds(n, cost, model_r if m else None, ngram_r if g else None)
+                got = oracle.expected_oracle_seconds(n, cost, alpha if m else None, lookup if g else None, k_max)
                 assert got == pytest.approx(want, rel=1e-12), (m, g)
 
 
@@ -149,7 +151,7 @@ def test_no_policy_beats_the_expected_oracle_on_a_long_recording():
     p = random_dists(rng, n)
     q = [{t: 0.7 * x + 0.3 / len(d) for t, x in d.items()} for d in p]
     data = sampled_data(p, q, [3, 4, 5], [max(d, key=d.get) for d in p])
-    res = ps.predict(data, ps.Curve(verify=dict(FLAT), draft=0.001), SpecConfig(), kinds=("model", "model+ngram"))
+    res = speedup.predict(data, curves.Curve(verify=dict(FLAT), draft=0.001), SpecConfig(), kinds=("model", "model+ngram"))
     o = res["overall"]
     for k in ("model", "model+ngram"):
         assert 1.0 < o[k]["speedup"] <= 1.05 * o["oracle"][k], (k, o)
@@ -175,44 +177,47 @@ def test_the_recorder_on_tiny_models(tiny):
     assert ids[0] == int(np.argmax(logits)) and probs[0] == pytest.approx(float(soft[ids[0]]), rel=2e-3)
     data = {"format": 3, "eog_ids": sorted(target.eog_ids), "sampling": SETTINGS,
             "prompts": [{"suite": "tiny", "prompt": prompt, "trace": trace, **rows}]}
-    sp = ps.SampledPrompt(data["prompts"][0], ps.SampledVocab(data))
-    errs = [abs(ps.row_alpha(sp, i, ps.sampled_params(data)) - a / rt.CONF_SCALE) for i, a in enumerate(rows["alpha"])]
+    sp = recorded.SampledPrompt(data["prompts"][0], recorded.SampledVocab(data))
+    errs = [abs(recorded.row_alpha(sp, i, recorded.sampled_params(data)) - a / rt.CONF_SCALE) for i, a in enumerate(rows["alpha"])]
     assert len(errs) == len(trace) and max(errs) < 2e-3, max(errs)
 
 
 @pytest.mark.slow
 def test_committed_sampled_recording():
-    path = ps.DEFAULT_SAMPLED
+    path = DEFAULT_SAMPLED
     if not path.exists():
         pytest.skip("no sampled recording yet")
     assert path.stat().st_size < 4 * 2**20
-    data = ps.load_traces(path)
+    data = rt.load_traces(path)
     assert data["format"] == 3 and data["sampling"]["temperature"] == 1.0 and data["top"] >= data["sampling"]["top_k"]
-    vocab = ps.SampledVocab(data)
-    params = ps.sampled_params(data)
+    vocab = recorded.SampledVocab(data)
+    params = recorded.sampled_params(data)
     errs = []
     for rec in data["prompts"]:
         assert len(rec["target"]) == len(rec["draft"]) == len(rec["alpha"]) == len(rec["trace"])
-        sp = ps.SampledPrompt(rec, vocab)
-        errs += [abs(ps.row_alpha(sp, i, params) - a / rt.CONF_SCALE) for i, a in enumerate(rec["alpha"])]
+        sp = recorded.SampledPrompt(rec, vocab)
+        errs += [abs(recorded.row_alpha(sp, i, params) - a / rt.CONF_SCALE) for i, a in enumerate(rec["alpha"])]
     # every position: the rebuilt rows' acceptance rate is the recorded one, except where a top-p or min-p threshold
     # falls within the rounding of a recorded probability (3 of the 3,789 positions recorded on 2026-12-02)
     e = np.asarray(errs)
     assert e.mean() < 1e-4 and np.mean(e > 1e-3) < 0.005 and e.max() < 0.1, (e.mean(), np.sum(e > 1e-3), e.max())
 
 
-def test_sampled_flag_refuses_a_greedy_recording(capsys):
-    code = ps.main(["--sampled", "--traces", str(RESEARCH / "data" / "traces.json.gz"), "--curve", str(RESEARCH / "data" / "curve_gpu_flat.json")])
-    assert code == 2
-    assert "not a sampled recording" in capsys.readouterr().err
+def test_sampled_flag_refuses_a_greedy_recording():
+    """research/predict_speedup.py, the command line, run as one (this checkout's edgespec)."""
+    r = subprocess.run([sys.executable, str(RESEARCH / "predict_speedup.py"), "--sampled", "--traces", str(RESEARCH / "data" / "traces.json.gz"),
+                        "--curve", str(RESEARCH / "data" / "curve_gpu_flat.json")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2
+    assert "not a sampled recording" in r.stderr
 
 
 def test_profiles_of_a_sampled_recording_say_what_their_oracle_is():
     rng = np.random.default_rng(5)
     p = random_dists(rng, 40)
     data = sampled_data(p, p, [3, 4, 5], [max(d, key=d.get) for d in p])
-    rows = ps.profile_rows(data, [("flat", ps.Curve(verify=dict(FLAT), draft=0.003))], [0.3], SpecConfig())
+    rows = speedup.profile_rows(data, [("flat", curves.Curve(verify=dict(FLAT), draft=0.003))], [0.3], SpecConfig())
     assert [r["suite"] for r in rows] == ["s", "overall"] and rows[-1]["alpha"] == pytest.approx(1.0, abs=1e-3)
     assert rows[-1]["default"] > 1.0 and "oracle_default_tree" not in rows[-1]
-    text = ps.format_profiles(rows)
+    text = speedup.format_profiles(rows)
     assert "best expected rate" in text and "(a sampled replay)" in text

@@ -22,6 +22,15 @@ Library use:
     from edgespec.bench import load_suites, run_bench, format_report
     report = run_bench(engine, {"mine": [{"prompt": "def f(x):"}]}, sampling, max_tokens=64)
     print(format_report(report))
+
+The wing also holds the measurements around this benchmark, each a library whose command line is a script in the
+repository's bench/ or research/ (docs/design.md's module map): the speedup replay (traces, curves, recorded, replay,
+oracle, speedup; measure and synth for curves and synthetic models), llama.cpp's own tools and the comparisons with
+them (llamacpp, llamacpp_compare, bare_loop), the infill suite (infill_suite) and a delaying TCP proxy (delay_proxy).
+None of them is imported here, and importing one loads llama.cpp only where it needs it.
+
+May import: every wing below it (prompts/, decoding/, llama/, drafting/, runtime/) and the base modules; never
+server/, cli/ or models/ (the scripts resolve models and pass their paths in).
 """
 
 from __future__ import annotations
@@ -142,7 +151,7 @@ def _prepare(engine: Any, ctx: list[int], warm_draft: bool) -> float:
     return time.perf_counter() - t0
 
 
-def _run_one(
+def run_generation(
     engine: Any, ctx: list[int], sampling: SamplingParams, max_tokens: int, speculative: bool, cold_draft: bool, drafter: str | None = None
 ) -> dict[str, Any]:
     """One generation from an empty target cache (with `drafter`, default the engine's): its stats (the draft's
@@ -234,7 +243,7 @@ def run_bench(
         # First calls pay page faults and allocations; keep them out of the measurement.
         ctx = prepared[0][3]
         for spec_side in (False, True):
-            _run_one(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
+            run_generation(engine, ctx, sampling, min(8, max_tokens), spec_side, cold_draft)
     costs_before = {**engine.calibration.describe(), "draft_model_used": engine.model_draft_used()}
     records: list[dict[str, Any]] = []
     for n, (suite, i, entry, ctx) in enumerate(prepared):
@@ -292,7 +301,7 @@ def _interleaved_runs(
         s = sampling if sampling.seed is None or rep == 0 else _with_seed(sampling, sampling.seed + rep)
         order = ("plain", "spec") if (first_pair + rep) % 2 == 0 else ("spec", "plain")
         for side in order:
-            runs[side].append(_run_one(engine, ctx, s, max_tokens, side == "spec", cold_draft))
+            runs[side].append(run_generation(engine, ctx, s, max_tokens, side == "spec", cold_draft))
     return runs
 
 
@@ -367,6 +376,7 @@ __all__ = [
     "load_suites",
     "load_prompts_jsonl",
     "run_bench",
+    "run_generation",
     "format_report",
     "public_report",
     "plot_format",
