@@ -19,28 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from edgespec.config import ModelSpec
-
-
-def short_context(model: Any, n_extra: int) -> list[int]:
-    """A short context to measure after (BOS + fillers; the one calibration measures after), shorter when the context
-    window is small."""
-    n = max(1, min(16, model.n_ctx - n_extra))
-    head = [model.bos] if 0 <= model.bos < model.n_vocab else [0]
-    return (head + [min(100 + i, model.n_vocab - 1) for i in range(n - 1)])[:n]
-
-
-def time_sizes(model: Any, sizes: Sequence[int], start: int, rounds: int) -> dict[int, list[float]]:
-    """Seconds of a decode of each size, once per round, at position `start` (the cache holds `start` tokens and is
-    left so), as calibration times them."""
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for r in range(rounds):
-        for n in sizes:
-            toks = [(7 * j + 11 + r) % model.n_vocab for j in range(n)]
-            t0 = time.perf_counter()
-            model.decode(toks, start, range(n))
-            times[n].append(time.perf_counter() - t0)
-            model.truncate(start)
-    return times
+from edgespec.drafting.calibration import short_context, time_sizes
 
 
 def at_depths(model: Any, sizes: Sequence[int], rounds: int, depths: Sequence[int]) -> dict[int, dict[int, float]]:

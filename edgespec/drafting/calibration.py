@@ -65,7 +65,7 @@ class Calibration:
 
 
 # --------------------------------------------------------------------------------------------- measuring
-def _base(model: Any, n_extra: int) -> list[int]:
+def short_context(model: Any, n_extra: int) -> list[int]:
     """A short context to measure after (BOS + fillers), shorter when the context window is small."""
     n = max(1, min(16, model.n_ctx - n_extra))
     head = [model.bos] if 0 <= model.bos < model.n_vocab else [0]
@@ -76,8 +76,9 @@ def _fits(model: Any, sizes: Sequence[int], start: int) -> list[int]:
     return [n for n in sizes if start + n <= model.n_ctx and n <= model.n_batch]
 
 
-def _time_sizes(model: Any, sizes: Sequence[int], start: int, rounds: int) -> tuple[dict[int, list[float]], bool]:
-    """Decode each size once per round at position `start` (the cache holds `start` tokens and is left so)."""
+def time_sizes(model: Any, sizes: Sequence[int], start: int, rounds: int) -> dict[int, list[float]]:
+    """Seconds of a decode of each size, once per round, at position `start` (the cache holds `start` tokens and is
+    left so)."""
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for r in range(rounds):
         for n in sizes:
@@ -86,7 +87,7 @@ def _time_sizes(model: Any, sizes: Sequence[int], start: int, rounds: int) -> tu
             model.decode(toks, start, range(n))
             times[n].append(time.perf_counter() - t0)
             model.truncate(start)
-    return times, _steady(times)
+    return times
 
 
 def _steady(times: dict[int, list[float]]) -> bool:
@@ -98,13 +99,14 @@ def measure_decode_costs(model: Any, sizes: Sequence[int] = SIZES, rounds: int =
     """({n: median seconds of one batched decode of n tokens after a short context}, steady). Sizes that do not
     fit the context are skipped. Leaves the cache empty."""
     model.reset()
-    base = _base(model, max(sizes))
+    base = short_context(model, max(sizes))
     model.decode(base, 0, ())
     sizes = _fits(model, sizes, len(base)) or [1]
-    times, steady = _time_sizes(model, sizes, len(base), rounds)
+    times = time_sizes(model, sizes, len(base), rounds)
+    steady = _steady(times)
     extra = rounds
     while not steady and extra < MAX_ROUNDS:  # a busy moment: more rounds, medians over all of them
-        more, _ = _time_sizes(model, sizes, len(base), 1)
+        more = time_sizes(model, sizes, len(base), 1)
         for n in sizes:
             times[n] += more[n]
         extra += 1
@@ -116,9 +118,9 @@ def measure_decode_costs(model: Any, sizes: Sequence[int] = SIZES, rounds: int =
 def quick_check(model: Any, repeats: int = 3) -> float:
     """The median single-token decode time now (after a short context); the cache is left empty."""
     model.reset()
-    base = _base(model, 1)
+    base = short_context(model, 1)
     model.decode(base, 0, ())
-    times, _ = _time_sizes(model, [1], len(base), repeats)
+    times = time_sizes(model, [1], len(base), repeats)
     model.reset()
     return statistics.median(times[1])
 

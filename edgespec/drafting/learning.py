@@ -1,5 +1,5 @@
 """What an engine learns across generations, in one object: the engine carries one, the replay
-(research/predict_speedup.py) builds one per drafter kind and drives it through the same methods, so the two cannot
+(edgespec/bench/replay.py, behind research/predict_speedup.py) builds one per drafter kind and drives it through the same methods, so the two cannot
 drift apart.
 
     state = LearningState.from_costs(verify, draft_cost, memory=SuffixIndex())
