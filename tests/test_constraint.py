@@ -31,7 +31,8 @@ from edgespec.decoding.constraint import Constraint, ConstraintError, Matcher, a
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.policy import Controller
 from edgespec.decoding.sampling import warp
-from edgespec.runtime.speculate import _chain_masks, _tree_masks, speculate
+from edgespec.runtime.constrained import chain_masks as _chain_masks, tree_masks as _tree_masks
+from edgespec.runtime.speculate import speculate
 from edgespec.drafting import ModelSpeculator
 from edgespec.stats import GenerationStats
 from tiny import token_id, write_tiny_model
