@@ -48,7 +48,9 @@ from edgespec.decoding.detok import StreamingDetokenizer
 from edgespec.fsutil import clear_odd_file
 from edgespec.errors import BackendError, BackendLostError, ConfigError, ContextFullError, EdgespecError, EngineClosedError
 from edgespec.drafting.learning import LearningState
-from .generation import Chunk, Generation, Job, Result, Worker, shutdown
+from .generation import Worker, shutdown
+from .handle import Generation, Result
+from .job import Chunk, Job
 from edgespec.llama.gguf_check import inspect_gguf, require_compatible
 from edgespec.prompts.infill import FILE_NAME, MAX_EXTRA_CHUNKS, REPO_NAME, ExtraChunk, FimTokens, fim_layout
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
