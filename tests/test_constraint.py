@@ -31,7 +31,8 @@ from edgespec.decoding.constraint import Constraint, ConstraintError, Matcher, a
 from edgespec.drafting.costs import CostModel
 from edgespec.drafting.model_policy import Controller
 from edgespec.decoding.sampling import warp
-from edgespec.runtime.speculate import _chain_masks, _tree_masks, speculate
+from edgespec.runtime.constrained import chain_masks as _chain_masks, tree_masks as _tree_masks
+from edgespec.runtime.speculate import speculate
 from edgespec.drafting import ModelSpeculator
 from edgespec.stats import GenerationStats
 from tiny import token_id, write_tiny_model
@@ -296,7 +297,7 @@ class RowRecorder:
 
 @pytest.mark.parametrize("how", ["forced", "draft+forced", "plain"])
 def test_rows_the_grammar_fixes_are_not_computed_and_nothing_changes(models, monkeypatch, how):
-    """Where a row's mask allows one token, the verify does not ask the target for that row (speculate._known_rows);
+    """Where a row's mask allows one token, the verify does not ask the target for that row (constrained.known_rows);
     the tokens are the same as when every row is computed, and the logprobs up to float noise: 20 seeds at
     temperature 1.5 and 20 greedy runs, for forced drafts alone, forced drafts with a draft model, and plain steps."""
     import edgespec.runtime.speculate as S

@@ -172,3 +172,22 @@ def test_no_private_name_is_imported_from_another_module():
                 wrong += [f"{m}: {a.name} from {_imports_of(node, pkg)[0]}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert wrong == [], "\n".join(wrong)
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def test_modules_and_functions_stay_readable():
+    """No module of the package over 600 lines, no function over 80 (docstring and comments included)."""
+    long_modules, long_functions = [], []
+    for m, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append(f"{m}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{m}.{node.name}: {n} lines")
+    assert long_modules == [] and long_functions == [], "\n".join(long_modules + long_functions)

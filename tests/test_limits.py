@@ -14,7 +14,7 @@ from edgespec.cli import main
 from edgespec.config import ModelSpec, SpecConfig, check_tree_fits
 from edgespec.runtime.engine import Engine
 from edgespec.errors import ConfigError, ContextFullError
-from edgespec.runtime.generation import check_timeout
+from edgespec.runtime.handle import check_timeout
 
 ROOT = Path(__file__).resolve().parent.parent
 

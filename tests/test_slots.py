@@ -225,7 +225,8 @@ def test_slot_views_and_decode_parts(slot_model):
 def test_worker_rounds_without_llama():
     """The worker alone, with fake generations: every round gives each active one a turn, a short one two while a long
     one runs; their requests reach execute together."""
-    from edgespec.runtime.generation import Job, Worker
+    from edgespec.runtime.generation import Worker
+    from edgespec.runtime.job import Job
 
     batches: list[list[str]] = []
     log: list[str] = []

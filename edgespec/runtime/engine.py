@@ -47,7 +47,9 @@ from edgespec.drafting.costs import VerifyCurve
 from edgespec.fsutil import clear_odd_file
 from edgespec.errors import BackendError, BackendLostError, ConfigError, EdgespecError, EngineClosedError
 from edgespec.drafting.learning import LearningState
-from .generation import Chunk, Generation, Job, Result, Worker, shutdown
+from .generation import Worker, shutdown
+from .handle import Generation, Result
+from .job import Chunk, Job
 from .prompt import Prompts
 from .runner import Plan, generation_steps
 from .slots import Slots

@@ -1,154 +1,22 @@
-"""Generations as jobs: the worker thread that owns the llama.cpp contexts, its FIFO queue, and the handle a caller
-holds (`Generation`: iterate, `async for`, cancel, close, result). No llama.cpp here: the engine gives the worker
+"""The engine's worker: the one thread that owns the llama.cpp contexts, its slots, its FIFO queue of jobs (job.py),
+and the rounds in which it advances the active generations together. No llama.cpp here: the engine gives the worker
 callables to run.
 
-Threads: the worker runs one job at a time; everything a caller touches on a handle is guarded by the job's lock
-and its `done` event, so handles may be used from any thread (and from an asyncio loop: iteration there waits
-without blocking the loop).
+Threads: the worker runs a plain job alone, or up to `parallel` generations together, each bound to a slot and given
+a turn per round, the round's decodes run at once (Worker); what callers share with it (the queue, what is running)
+is under its lock. A caller holds a generation's handle (handle.Generation), usable from any thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import math
-import numbers
 import threading
 import time
-import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
 from edgespec.errors import ConfigError, EngineClosedError, QueueFullError
-from edgespec.stats import GenerationStats
 
-
-@dataclass
-class Chunk:
-    """A piece of streamed text. `from_draft` is True when every token behind it was a draft token the target
-    accepted (for --show-draft colouring)."""
-
-    text: str
-    tokens: list[int]
-    from_draft: bool
-    logprobs: list[Any] | None = None  # speculate.TokenLogprob per token, when the generation asked for them
-
-
-@dataclass
-class Result:
-    text: str
-    token_ids: list[int]
-    stats: GenerationStats
-    finish_reason: str  # "eos", "stop", "length", "context", "cancelled"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason, "stats": self.stats.as_dict()}
-
-
-# --------------------------------------------------------------------------------------------- jobs
-class Job:
-    """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
-
-    def __init__(self, run: Callable[["Job"], Any] | None = None, on_dropped: Callable[[], None] | None = None, *,
-                 steps: Callable[["Job", int], Generator[Any, Any, None]] | None = None,
-                 size: int | None = None, short: bool = False) -> None:
-        """A plain job runs ``run(job)`` alone; a generation job gives ``steps(job, slot)``, the generator the worker
-        advances cycle by cycle in a slot (Worker). ``on_dropped`` is called (on the worker) instead when the job is
-        cancelled before it starts. size: the most tokens a generation may generate; short: it is admitted first and
-        may displace a longer one (Worker)."""
-        if (run is None) == (steps is None):
-            raise ValueError("a job has either run or steps")
-        self._run = run
-        self.steps = steps
-        self._on_dropped = on_dropped
-        self.size = size
-        self.short = short
-        self.prompt: Any = ()  # a generation's prompt tokens (the worker's slot choice: the longest cached prefix)
-        self.progress = 0  # tokens generated so far (the engine counts them; the worker compares what is left)
-        self.slot = -1  # the slot a generation runs in
-        self.parked: Any = None  # a displaced generation's cache, set aside (Worker.park)
-        self.paused = 0.0  # seconds it stood aside while other generations ran (its clock leaves them out)
-        self.cancel_event = threading.Event()
-        self.done = threading.Event()
-        self.started = False
-        self.error: BaseException | None = None
-        self._error_tb: Any = None  # the traceback as captured (re-raising the same object would keep extending it)
-        self.worker_thread: threading.Thread | None = None  # the thread that will run it (set when submitted)
-        self.value: Any = None
-        self.logprob_carry: list[Any] = []  # logprobs of tokens whose text has not come out yet (engine._emit)
-        self.enqueued = time.perf_counter()
-        self.started_at = 0.0
-        self.lock = threading.Condition()
-        self.items: collections.deque[Chunk] = collections.deque()
-        self.wakers: list[Callable[[], None]] = []
-        # the most chunks that may wait unread before the worker pauses the generation (None: no limit; see held())
-        self.backlog: int | None = None
-        self.held_since = 0.0  # when the worker first skipped it for its backlog (0: it is not held)
-        self.kick: Callable[[], None] | None = None  # wakes the worker (set by Worker.submit)
-
-    def cancel(self) -> None:
-        self.cancel_event.set()
-        self._wake()
-        self._kick()
-
-    def held(self) -> bool:
-        """True while its reader is behind: `backlog` chunks or more wait unread (a cancelled job is never held: it
-        must run on to its end)."""
-        return self.backlog is not None and len(self.items) >= self.backlog and not self.cancel_event.is_set()
-
-    def _kick(self) -> None:
-        if self.kick is not None:
-            try:
-                self.kick()
-            except Exception:
-                pass
-
-    def clock(self) -> float:
-        """perf_counter without the time this job was suspended: the generation's timings and rates are its own."""
-        return time.perf_counter() - self.paused
-
-    def push(self, chunk: Chunk) -> None:
-        with self.lock:
-            self.items.append(chunk)
-            self.lock.notify_all()
-        self._wake()
-
-    def run(self) -> None:
-        self.started = True
-        self.started_at = time.perf_counter()
-        try:
-            assert self._run is not None
-            self.value = self._run(self)
-        except BaseException as e:  # the caller gets it; the worker lives on
-            self.error, self._error_tb = e, e.__traceback__
-        finally:
-            self.finish()
-
-    def drop(self) -> None:
-        """End a job cancelled before it started, without running it."""
-        try:
-            if self._on_dropped is not None:
-                self._on_dropped()
-        finally:
-            self.finish()
-
-    def raise_error(self) -> None:
-        """Raise what the job raised (with its own traceback, however often it is asked), if anything."""
-        if self.error is not None:
-            raise self.error.with_traceback(self._error_tb)
-
-    def finish(self) -> None:
-        with self.lock:
-            self.done.set()
-            self.lock.notify_all()
-        self._wake()
-
-    def _wake(self) -> None:
-        for w in list(self.wakers):
-            try:
-                w()
-            except Exception:  # a waiter's event loop that is gone (RuntimeError): nobody is left to wake there
-                pass
+from .job import Job
 
 
 class _Task:
@@ -410,7 +278,7 @@ class Worker:
         try:
             steps = job.steps(job, slot)  # type: ignore[misc]
         except BaseException as e:
-            job.error, job._error_tb = e, e.__traceback__
+            job.set_error(e, e.__traceback__)
             job.finish()
             self._slot_freed(slot)
             return
@@ -479,7 +347,7 @@ class Worker:
         return item is not None
 
     def _fail(self, task: _Task, error: BaseException) -> None:
-        task.job.error, task.job._error_tb = error, error.__traceback__
+        task.job.set_error(error, error.__traceback__)
         self._end(task)
 
     def _end(self, task: _Task) -> None:
@@ -514,7 +382,7 @@ class Worker:
         try:
             task.steps.close()
         except BaseException as e:
-            task.job.error, task.job._error_tb = e, e.__traceback__
+            task.job.set_error(e, e.__traceback__)
         task.job.finish()
 
     @staticmethod
@@ -536,7 +404,7 @@ class Worker:
                 self._cond.release()
         for job in jobs:
             if not job.done.is_set():
-                job.error, job._error_tb = error, None
+                job.set_error(error)
                 job.finish()
 
     def _jobs(self) -> list[Job]:
@@ -574,193 +442,4 @@ def shutdown(worker: "Worker", models: list[Any], memory: Any = None, memory_pat
         m.close()
 
 
-# --------------------------------------------------------------------------------------------- the handle
-def check_timeout(timeout: Any) -> float | None:
-    """A wait's timeout: None (no limit) or a finite number of seconds in [0, threading.TIMEOUT_MAX]; anything else
-    (a string, NaN, infinity, 1e300, a negative number) is a ConfigError, as every other bad argument."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise ConfigError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-    try:
-        t = float(timeout)
-    except OverflowError:  # an int past float range
-        t = math.inf
-    if not (0.0 <= t <= threading.TIMEOUT_MAX):  # NaN fails this too
-        shown = repr(timeout) if len(repr(timeout)) <= 40 else repr(timeout)[:37] + "..."
-        raise ConfigError(f"timeout must be None or in [0, {threading.TIMEOUT_MAX:g}] seconds, got {shown}")
-    return t
-
-
-class Generation:
-    """A queued or running generation. Iterate it for Chunks (sync or `async for`); `.text`, `.token_ids` and
-    `.stats` describe what was generated so far, `result()` waits for the end. `cancel()` works from any thread;
-    `close()` cancels and waits until the engine has let go of it. Dropping the handle cancels it."""
-
-    def __init__(self, job: Job, ids: list[int], stats: GenerationStats, texts: list[str]) -> None:
-        self._job = job
-        self._ids = ids
-        self._texts = texts
-        self.stats = stats
-        self._finalizer = weakref.finalize(self, job.cancel)
-
-    @property
-    def prompt_tokens(self) -> list[int]:
-        """The token ids the generation starts from (its prompt as the target decodes it)."""
-        return list(self._job.prompt)
-
-    @property
-    def max_tokens(self) -> int:
-        """The most tokens it generates (the request's max_tokens, or what the context left)."""
-        return self._job.size or 0
-
-    # -- control
-    def cancel(self) -> None:
-        """Stop generating (within one cycle, or one prefill chunk); a queued generation never starts."""
-        self._job.cancel()
-
-    def close(self) -> None:
-        """Cancel and wait until the generation has ended (its tokens and stats are final then). From inside an
-        engine callback it only cancels: the engine cannot wait for itself."""
-        self._job.cancel()
-        if threading.current_thread() is not self._job.worker_thread:
-            self.wait()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the generation has ended; False if `timeout` passed first."""
-        timeout = check_timeout(timeout)
-        self._not_on_worker(timeout)
-        return self._job.done.wait(timeout)
-
-    def _not_on_worker(self, timeout: float | None) -> None:
-        """Waiting without a timeout for a generation on the engine's own thread (in a callback) would wait forever."""
-        if timeout is None and threading.current_thread() is self._job.worker_thread and not self._job.done.is_set():
-            raise ConfigError("an engine callback cannot wait for a generation (the engine would wait for itself)")
-
-    @property
-    def done(self) -> bool:
-        return self._job.done.is_set()
-
-    def result(self, timeout: float | None = None) -> Result:
-        """Wait for the end and return text, token ids, stats and finish reason (raises what the generation
-        raised)."""
-        timeout = check_timeout(timeout)
-        self._not_on_worker(timeout)
-        try:
-            ended = self._job.done.wait(timeout)
-        except BaseException:  # Ctrl-C while waiting: stop the work too
-            if not self._job.done.is_set():
-                self._job.cancel()
-            raise
-        if not ended:  # it goes on: the caller may wait again, or cancel
-            raise TimeoutError("the generation did not finish in time")
-        self._job.raise_error()
-        return Result(self.text, list(self._ids), self.stats, self.finish_reason)
-
-    # -- what was generated
-    @property
-    def text(self) -> str:
-        with self._job.lock:
-            return "".join(self._texts)
-
-    @property
-    def token_ids(self) -> list[int]:
-        with self._job.lock:
-            return list(self._ids)
-
-    @property
-    def finish_reason(self) -> str:
-        """"eos", "stop", "length", "context", "cancelled", "error" (it raised), or "" while it runs."""
-        done = self._job.done.is_set()  # first: a job that ends between the two reads has its stop_reason set
-        if not self.stats.stop_reason and done:
-            return "error" if self._job.error is not None else "cancelled"  # "cancelled": it never started
-        return self.stats.stop_reason
-
-    @property
-    def started(self) -> bool:
-        """True once the engine began working on it (a generation cancelled while queued never starts)."""
-        return self._job.started
-
-    def limit_backlog(self, chunks: int | None) -> None:
-        """Backpressure: pause the generation (at a cycle boundary) while `chunks` chunks or more wait unread; a
-        paused one may be set aside to free its slot for a queued one (generation.Worker). None: no limit (the
-        default: a caller that only waits for result() never reads the chunks)."""
-        if chunks is not None and chunks < 1:
-            raise ConfigError(f"the backlog must be at least 1 chunk, got {chunks}")
-        self._job.backlog = chunks
-        self._job._kick()
-
-    def _taken(self, had: int) -> None:
-        """A reader took chunks from `had` waiting: wake the worker if that may end a pause."""
-        b = self._job.backlog
-        if b is not None and had >= b // 2:
-            self._job._kick()
-
-    def ready(self) -> list[Chunk]:
-        """The chunks available now, without waiting (for callers that batch what they forward)."""
-        with self._job.lock:
-            out = list(self._job.items)
-            self._job.items.clear()
-        self._taken(len(out))
-        return out
-
-    # -- iteration
-    def __iter__(self) -> "Generation":
-        return self
-
-    def __next__(self) -> Chunk:
-        job = self._job
-        if not job.items:  # about to block (only the worker pushes, so on the worker nothing arrives meanwhile)
-            self._not_on_worker(None)
-        try:
-            with job.lock:
-                while not job.items and not job.done.is_set():
-                    job.lock.wait()
-                if job.items:
-                    had = len(job.items)
-                    chunk = job.items.popleft()
-                else:
-                    chunk = None
-            if chunk is not None:
-                self._taken(had)
-                return chunk
-        except BaseException:  # Ctrl-C while waiting: stop the work too
-            job.cancel()
-            raise
-        job.raise_error()
-        raise StopIteration
-
-    def __aiter__(self) -> "Generation":
-        return self
-
-    async def __anext__(self) -> Chunk:
-        job = self._job
-        loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-
-        def wake() -> None:  # on a loop closed with this iteration still parked in it, this raises: Job._wake drops it
-            loop.call_soon_threadsafe(event.set)
-
-        job.wakers.append(wake)
-        try:
-            while True:
-                event.clear()
-                with job.lock:
-                    had = len(job.items)
-                    chunk = job.items.popleft() if had else None
-                    ended = job.done.is_set()
-                if chunk is not None:
-                    self._taken(had)
-                    return chunk
-                if ended:
-                    job.raise_error()
-                    raise StopAsyncIteration
-                await event.wait()
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
-        finally:
-            job.wakers.remove(wake)
-
-
-__all__ = ["Chunk", "Result", "Job", "Worker", "Generation", "shutdown"]
+__all__ = ["Worker", "shutdown"]

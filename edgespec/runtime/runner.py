@@ -14,10 +14,11 @@ from edgespec.drafting.learning import LearningState
 from edgespec.llama.backend import Slot
 from edgespec.stats import GenerationStats
 
-from .generation import Chunk, Job
+from .job import Chunk, Job
 from .request import GenerationRequest
 from .slots import Slots
-from .speculate import Step, Verify, speculate_steps
+from .speculate import speculate_steps
+from .steps import Step, Verify
 
 
 @dataclass(frozen=True)

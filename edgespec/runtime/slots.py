@@ -11,8 +11,8 @@ from edgespec.drafting.learning import LearningState
 from edgespec.errors import BackendError
 from edgespec.llama.backend import DecodePart, Model, Slot
 
-from .generation import Job
-from .speculate import Verify
+from .job import Job
+from .steps import Verify
 
 # Several generations' verify rows go to the target in one llama_decode when the live curve says that takes less than
 # this share of their separate decodes (a margin over the curve's noise).

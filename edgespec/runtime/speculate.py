@@ -1,7 +1,7 @@
 """The speculation loop: purely token ids in, typed steps out. It imports no llama.cpp.
 
 It does not know about text, chat templates or stop strings (the engine does); it knows a target language model
-(the `LanguageModel` protocol below: backend.Model, or a fake in tests), a speculator (drafting/), the
+(the `LanguageModel` protocol, steps.py: backend.Model, or a fake in tests), a speculator (drafting/), the
 sampling settings and the limits. Each cycle:
 
     d1..dk, q1..qk = speculator.propose(tokens, budget)   # k = 0: plain decoding
@@ -19,17 +19,10 @@ speculative and the plain path stop at the same length. A drafted id the target'
 target vocabularies may differ by up to 128 ids) has p = 0: it is rejected with certainty, so it is never decoded;
 the target's token at that position comes from the exact residual max(0, p - q).
 
-Constraints (constraint.py): with a `TokenConstraint`, every row's logits are masked for that row's own prefix before
-`warp` (row i of a chain: history + drafts[:i]; a tree node's row: history + its path), on the plain path and in
-verification alike, so the exact rules hold on the masked distribution. A draft the constraint forbids is a certain
-rejection and is never decoded (like an id past the vocabulary). The matcher is rolled back to the cycle's start
-after the masks are computed and then advanced along the tokens the cycle adds. With `forced_drafts`, the tokens the
-grammar forces next open every cycle's draft as deterministic drafts (q = None); where the mask allows that token
-alone its p is 1 and it is accepted without fail, so forced scaffolding (braces, keys, quotes) costs one batched
-decode instead of one decode per token. The speculator drafts after them (it is asked for the context + forced
-tokens). On every path a row whose mask allows one token is not computed at all (_known_rows): its distribution is
-fixed, and llama.cpp skips the output projection for it. A constraint that dead-ends stops the generation with
-stop_reason "constraint".
+Constraints (constrained.py): every row's logits are masked for that row's own prefix before `warp`, so the exact
+rules hold on the masked distribution; a draft the constraint forbids is a certain rejection, the tokens it forces
+open every cycle's draft (`forced_drafts`), and a constraint that dead-ends stops the generation with stop_reason
+"constraint".
 
 With SamplingParams.infill, every target row goes through the infill sampler with the target's vocabulary
 (`target.infill_vocab()`, passed to `warp` on every path), so plain and speculative decoding share that p too.
@@ -38,118 +31,25 @@ With SamplingParams.infill, every target row goes through the infill sampler wit
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Generator, NamedTuple, Sequence
 
 import numpy as np
 
-from edgespec.decoding.acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, expected_acceptance
-from edgespec.decoding.tree import ROOT, TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from edgespec.config import SamplingParams
+from edgespec.decoding.acceptance import Verdict, accept_coupled, accept_greedy, accept_sampled, expected_acceptance
 from edgespec.decoding.constraint import TokenConstraint, apply_mask
-from edgespec.prompts.infill import InfillVocab
-from edgespec.drafting.guard import unguarded
-from edgespec.errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
+from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp_probs
 from edgespec.decoding.sampling import greedy as greedy_token
-from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp, warp_probs
+from edgespec.decoding.tree import TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from edgespec.drafting.base import Outcome, Proposal, Speculator
+from edgespec.errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
+from edgespec.prompts.infill import InfillVocab
 from edgespec.stats import GenerationStats
 
-
-class LanguageModel(Protocol):
-    """What the loop needs from a model's context (backend.Model implements it)."""
-
-    n_ctx: int
-    n_vocab: int
-
-    @property
-    def n_decoded(self) -> int: ...
-
-    @property
-    def n_past(self) -> int: ...
-
-    def sync(
-        self,
-        tokens: Sequence[int],
-        rows: Sequence[int] = (-1,),
-        *,
-        should_stop: Callable[[], bool] | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> np.ndarray: ...
-
-    def decode(self, tokens: Sequence[int], start_pos: int, rows: Sequence[int] = (-1,)) -> np.ndarray: ...
-
-    def truncate(self, n_past: int) -> None: ...
-
-    def is_eog(self, token: int) -> bool: ...
-
-    def infill_vocab(self) -> InfillVocab:
-        """The vocabulary for SamplingParams.infill (asked only when that is on)."""
-        ...
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The target's log-probability of one generated token, and its `top` most likely tokens at that position
-    (id, log-probability), most likely first. The distribution is the one the token was sampled from: the
-    (constraint-masked) logits through `warp` with the generation's settings; at temperature 0, where that
-    distribution is one-hot, the penalised and masked logits at temperature 1 instead (the model's own view). A token
-    from an accepted draft gets exactly what the target's own sample there would have got."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-def token_logprobs(
-    rows: Sequence[np.ndarray],
-    tokens: Sequence[int],
-    history: Sequence[int],
-    sampling: SamplingParams,
-    n_top: int,
-    infill_vocab: InfillVocab | None = None,
-) -> list[TokenLogprob]:
-    """TokenLogprob for tokens[j] from its (already masked) logits row rows[j]; the penalty history of row j is
-    history + tokens[:j] (infill_vocab: as for warp)."""
-    from edgespec.decoding.sampling import apply_penalties
-
-    out = []
-    ctx = list(history)
-    for row, tok in zip(rows, tokens):
-        if sampling.greedy:
-            x = np.asarray(apply_penalties(row, sampling, ctx), dtype=np.float64)
-            m = float(np.max(x))
-            lp = x - (m + float(np.log(np.exp(x - m).sum())))
-        else:
-            with np.errstate(divide="ignore"):
-                lp = np.log(warp(row, sampling, ctx, infill_vocab))
-        top: tuple[tuple[int, float], ...] = ()
-        if n_top > 0:
-            n = min(n_top, lp.size)
-            idx = np.argpartition(-lp, n - 1)[:n]
-            idx = idx[np.lexsort((idx, -lp[idx]))]
-            top = tuple((int(i), float(lp[i])) for i in idx if np.isfinite(lp[i]))
-        out.append(TokenLogprob(int(tok), float(lp[tok]) if tok < lp.size else float("-inf"), top))
-        ctx.append(int(tok))
-    return out
-
-
-@dataclass
-class Step:
-    """One cycle's outcome: the tokens it adds (accepted drafts, then the target's own token)."""
-
-    tokens: list[int]
-    n_drafted: int
-    n_accepted: int
-    source: str  # "plain", "model", "ngram"
-    draft_seconds: float
-    target_seconds: float
-    eog: bool = False
-    logprobs: list[TokenLogprob] | None = None  # one per token, when asked for (speculate's `logprobs`)
-
-    @property
-    def from_draft(self) -> list[bool]:
-        return [True] * self.n_accepted + [False] * (len(self.tokens) - self.n_accepted)
+from .constrained import advance_all, after_forced, bind_constraint, chain_masks, follow, known_rows, tree_masks
+from .steps import LanguageModel, Step, TokenLogprob, Verify, token_logprobs
+from .tree_rows import TreeRows, chain_chances, prune
 
 
 def verify(
@@ -266,37 +166,6 @@ def speculate(target: LanguageModel, tokens: Sequence[int], sampling: SamplingPa
         steps.close()
 
 
-@dataclass(eq=False)
-class Verify:
-    """A target decode a cycle waits for: speculate_steps yields it, and the caller sends back its logits (run() does
-    it alone; a scheduler may run several generations' Verify in one llama_decode, backend.Model.decode_parts). A chain
-    of `tokens` appended at the model's n_past with logits for `rows`, or a token tree (depths, seq_ids: as for
-    decode_tree; start_pos, which must be the model's n_past, is checked there). `shared`: the caller ran it together
-    with other rows, so its time is not this cycle's to learn from."""
-
-    model: Any
-    tokens: list[int]
-    rows: Sequence[int] = ()
-    start_pos: int | None = None
-    depths: Sequence[int] | None = None
-    seq_ids: Sequence[Sequence[int]] | None = None
-    shared: bool = False
-
-    @property
-    def n_rows(self) -> int:
-        return len(self.tokens)
-
-    def run(self, view: bool = False) -> np.ndarray:
-        """The decode, alone. view=True (a caller whose generation reads the rows before the model's next decode): a
-        chain's rows may be a view of llama.cpp's buffer (backend.Model.decode) rather than a copy."""
-        if self.depths is None:
-            pos = self.start_pos if self.start_pos is not None else self.model.n_past
-            if view:
-                return self.model.decode(self.tokens, pos, self.rows, view=True)
-            return self.model.decode(self.tokens, pos, self.rows)
-        return self.model.decode_tree(self.tokens, self.depths, self.seq_ids)
-
-
 def speculate_steps(
     target: LanguageModel,
     tokens: Sequence[int],
@@ -322,11 +191,11 @@ def speculate_steps(
     when `should_stop()` turns true (checked before every cycle and between prefill chunks), or where the constraint
     dead-ends; stats.stop_reason says which ("eos", "length", "context", "cancelled", "constraint"). `constraint`
     must start at the beginning of the output (nothing advanced); `forced_drafts` drafts the tokens it forces
-    (module docstring). `logprobs` (None = off, else how many top alternatives): every Step carries TokenLogprobs.
+    (constrained.py). `logprobs` (None = off, else how many top alternatives): every Step carries TokenLogprobs.
     `on_prefill(done, total)` reports prefill progress;
     `after_cycle()` runs between cycles (a hook for tools; the engine measures nothing there). `clock()` gives
     the seconds the stats and the policies see (a replay passes a virtual clock). The caller may stop iterating at
-    any time; the target's cache stays consistent.
+    any time; the target's cache stays consistent. Each cycle runs _Loop's phases: propose, verify, accept, observe.
     """
     if not tokens:
         raise ConfigError("speculate needs at least one context token")
@@ -335,202 +204,237 @@ def speculate_steps(
     if max_tokens < 0:  # 0: the prompt is evaluated into the cache and nothing is generated
         raise ConfigError(f"max_tokens must be at least 0, got {max_tokens}")
     stats = stats if stats is not None else GenerationStats()
-    # the infill sampler reads the target's vocabulary (greedy rows are one-hot: it changes nothing there)
-    vocab = target.infill_vocab() if sampling.infill and not sampling.greedy else None
-    ctx = [int(t) for t in tokens]
-    if min(ctx) < 0 or max(ctx) >= target.n_vocab:
-        raise ConfigError(f"token ids must be in [0, {target.n_vocab}) for this model")
-    start = clock()
-    stats.n_prompt = len(ctx)
-    if len(ctx) > target.n_ctx:
-        raise ContextFullError(f"the prompt has {len(ctx)} tokens but the context holds {target.n_ctx}")
+    loop = _Loop(target, sampling, rng, max_tokens, speculator, stats, constraint, forced_drafts, logprobs, stop_at_eog, should_stop, clock)
+    loop.begin(tokens)
     try:
-        before = target.n_decoded
-        try:
-            # the whole prompt, with the logits after its last token: the first cycle starts from them
-            pending: np.ndarray | None = target.sync(ctx, rows=(-1,), should_stop=should_stop, progress=on_prefill)
-        except StopRequested:
-            stats.stop_reason = "cancelled"
+        if not loop.prefill(on_prefill):
             return
-        finally:
-            stats.n_prefill = target.n_decoded - before
-            stats.n_cached = len(ctx) - stats.n_prefill
-            stats.timings.prefill = clock() - start
-        n_gen = 0
-        t_last: float | None = None  # when the last cycle was observed (its period runs from there: Outcome.t_cycle)
-        while True:
-            if n_gen >= max_tokens:
-                stats.stop_reason = "length"
-                return
-            L = len(ctx)
-            room = min(max_tokens - n_gen, target.n_ctx - L)  # tokens this cycle may still emit
-            if room <= 0:
-                stats.stop_reason = "context"
-                return
-            if should_stop is not None and should_stop():
-                stats.stop_reason = "cancelled"
-                return
-            if constraint is not None and constraint.error:
-                stats.stop_reason = "constraint"
-                return
-            t0 = clock()
-            budget = room - 1  # drafted tokens: each accepted one plus the target's own must fit
-            forced = constraint.forced()[:budget] if constraint is not None and forced_drafts and budget > 0 else []
-            if constraint is not None and constraint.error:  # computing the forced tokens can find the dead end
-                stats.stop_reason = "constraint"
-                return
-            proposal = Proposal()
-            if speculator is not None and budget - len(forced) > 0:
-                # the matcher follows the forced tokens while the speculator drafts after them (a draft model masks its q)
-                n_in = _advance_all(constraint, forced) if constraint is not None else 0
-                forced = forced[:n_in]
-                try:
-                    proposal = speculator.propose(ctx + forced, budget - len(forced), rng)
-                finally:
-                    if constraint is not None:
-                        constraint.rollback(n_in)
-            n_own = len(proposal)
-            if forced:
-                proposal = _after_forced(forced, proposal)
-            t1 = clock()
-            try:  # the target's rows are checked as they are sampled (the backend skips its own pass: check_logits)
-                if proposal.tree is not None and len(proposal.tree):
-                    if pending is not None:  # the tree's verify batch opens with the last token: decode it again there
-                        target.truncate(L - 1)
-                        pending = None
-                    cycle = yield from _tree_cycle(
-                        target, proposal.tree, budget, ctx, sampling, rng, constraint, logprobs is not None,
-                        proposal.sampled_chances, vocab,
-                    )
-                else:
-                    cycle = yield from _chain_cycle(
-                        target, proposal, budget, ctx, sampling, rng, stats, pending, constraint, logprobs is not None, vocab
-                    )
-                    pending = None
-            except NonFiniteLogitsError as e:
-                raise non_finite_logits(getattr(target, "name", None) or "the target model") from e
-            new, n_drafted, n, rows, skipped = cycle.tokens, cycle.n_drafted, cycle.n_kept, cycle.rows, cycle.skipped
-            t2 = clock()
-            # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known
-            # rows, see _known_rows): their time must not teach the costs
-            t_verify = t2 - t1 if stats.n_cycles and not skipped and not cycle.shared else 0.0
-            eog_at = next((i for i, t in enumerate(new) if target.is_eog(t)), None) if stop_at_eog else None
-            if eog_at is not None:
-                new = new[: eog_at + 1]
-            lps = token_logprobs(rows, new, ctx, sampling, logprobs, vocab) if logprobs is not None and rows is not None else None
-            dead_end = False
-            if constraint is not None:
-                for i, t in enumerate(new):
-                    if not constraint.advance(t):
-                        if not constraint.error:  # pragma: no cover - every emitted token came from a masked row
-                            raise RuntimeError(f"the constraint refused token {t} that its own mask allowed")
-                        new, dead_end = new[:i], True  # the grammar gave up here (a limit): stop before this token
-                        lps = lps[:i] if lps is not None else None
-                        break
-            ctx.extend(new)
-            n_gen += len(new)
-            source = proposal.source if n_drafted else "plain"
-            n_kept = min(n, len(new))
-            if stats.n_cycles == 0:
-                stats.ttft = clock() - start
-            stats.record_cycle(n_drafted, n_kept, len(new), source, t1 - t0, t2 - t1)
-            if speculator is not None:
-                t_obs = clock()
-                # the whole period since the last cycle (the caller's work on its tokens included); the first cycle's
-                # decode is the prefill's tail, not a cycle's: 0
-                t_cycle, t_last = (t_obs - t_last if t_last is not None else 0.0), t_obs
-                # t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
-                # drafting really costs that, and the policy must see it or it resumes too eagerly (the model
-                # speculator tells its controller how many tokens a draft caught up on, so that a batched catch-up
-                # counts against the run it starts without inflating the per-token draft cost).
-                if forced:  # the speculator sees its own drafts only; the batch size was not its choice: no timing
-                    nf = len(forced)
-                    own_kept = min(max(0, n_kept - nf), n_own)
-                    # tokens: those after the forced ones, where the speculator's own proposal starts
-                    speculator.observe(Outcome(
-                        min(n_own, max(0, n_drafted - nf)), own_kept, len(new), t1 - t0, 0.0, tuple(new[nf:]), cycle.chances[nf:],
-                        t_cycle,
-                    ))
-                else:
-                    speculator.observe(Outcome(n_drafted, n_kept, len(new), t1 - t0, t_verify, tuple(new), cycle.chances, t_cycle))
-            yield Step(new, n_drafted, n_kept, source, t1 - t0, t2 - t1, eog_at is not None and not dead_end, lps)
-            if dead_end:
-                stats.stop_reason = "constraint"
-                return
-            if eog_at is not None:
-                stats.stop_reason = "eos"
-                return
+        while (reason := loop.stop_reason()) is None:
+            cycle = yield from loop.cycle()
+            if cycle is None:  # computing the forced tokens found the constraint's dead end
+                reason = "constraint"
+                break
+            yield cycle.step()
+            if cycle.end is not None:
+                reason = cycle.end
+                break
             if after_cycle is not None:
                 after_cycle()
+        stats.stop_reason = reason
     finally:
-        stats.finish(clock() - start)
+        stats.finish(clock() - loop.start)
 
 
-def _advance_all(constraint: TokenConstraint, tokens: Sequence[int]) -> int:
-    """Advance along tokens while the constraint allows them; how many it took."""
-    n = 0
-    for t in tokens:
-        if not constraint.advance(t):
-            break
-        n += 1
-    return n
+@dataclass(eq=False)
+class _Loop:
+    """One generation's loop: its settings (speculate_steps' arguments) and its state between cycles. A cycle runs four
+    phases, each a method filling in a _Cycle: propose (the tokens a constraint forces, then the speculator's drafts),
+    verify (one target decode and the exact rule), accept (the verified tokens join the output) and observe (the
+    speculator learns the outcome)."""
+
+    target: LanguageModel
+    sampling: SamplingParams
+    rng: np.random.Generator | PositionalUniforms
+    max_tokens: int
+    speculator: Speculator | None
+    stats: GenerationStats
+    constraint: TokenConstraint | None
+    forced_drafts: bool
+    n_top: int | None  # speculate_steps' `logprobs`
+    stop_at_eog: bool
+    should_stop: Callable[[], bool] | None
+    clock: Callable[[], float]
+    vocab: InfillVocab | None = None  # for the infill sampler (SamplingParams.infill)
+    ctx: list[int] = field(default_factory=list)  # the prompt, then every token generated
+    start: float = 0.0
+    pending: np.ndarray | None = None  # the prefill's logits after the last prompt token, until the first cycle
+    n_gen: int = 0
+    t_last: float | None = None  # when the last cycle was observed (its period runs from there: Outcome.t_cycle)
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        """Check the prompt and start the clock."""
+        # the infill sampler reads the target's vocabulary (greedy rows are one-hot: it changes nothing there)
+        self.vocab = self.target.infill_vocab() if self.sampling.infill and not self.sampling.greedy else None
+        self.ctx = [int(t) for t in tokens]
+        if min(self.ctx) < 0 or max(self.ctx) >= self.target.n_vocab:
+            raise ConfigError(f"token ids must be in [0, {self.target.n_vocab}) for this model")
+        self.start = self.clock()
+        self.stats.n_prompt = len(self.ctx)
+        if len(self.ctx) > self.target.n_ctx:
+            raise ContextFullError(f"the prompt has {len(self.ctx)} tokens but the context holds {self.target.n_ctx}")
+
+    def prefill(self, on_prefill: Callable[[int, int], None] | None) -> bool:
+        """Decode the whole prompt, keeping the logits after its last token (the first cycle starts from them); False
+        when should_stop() stopped it."""
+        target, stats = self.target, self.stats
+        before = target.n_decoded
+        try:
+            self.pending = target.sync(self.ctx, rows=(-1,), should_stop=self.should_stop, progress=on_prefill)
+        except StopRequested:
+            stats.stop_reason = "cancelled"
+            return False
+        finally:
+            stats.n_prefill = target.n_decoded - before
+            stats.n_cached = len(self.ctx) - stats.n_prefill
+            stats.timings.prefill = self.clock() - self.start
+        return True
+
+    def room(self) -> int:
+        """The most tokens the next cycle may emit (max_tokens and the context both hold them)."""
+        return min(self.max_tokens - self.n_gen, self.target.n_ctx - len(self.ctx))
+
+    def stop_reason(self) -> str | None:
+        """Why the generation ends before another cycle ("length", "context", "cancelled", "constraint"), or None."""
+        if self.n_gen >= self.max_tokens:
+            return "length"
+        if self.room() <= 0:
+            return "context"
+        if self.should_stop is not None and self.should_stop():
+            return "cancelled"
+        if self.constraint is not None and self.constraint.error:
+            return "constraint"
+        return None
+
+    def cycle(self) -> Generator[Verify, np.ndarray, _Cycle | None]:
+        """One cycle, phase by phase (its target decode is yielded); None where proposing found the constraint's dead
+        end."""
+        c = _Cycle(self.clock(), self.room() - 1)
+        if not self.propose(c):
+            return None
+        yield from self.verify(c)
+        self.accept(c)
+        self.observe(c)
+        return c
+
+    def propose(self, c: _Cycle) -> bool:
+        """Propose: the tokens the constraint forces, then the speculator's drafts after them (the matcher follows the
+        forced tokens while it drafts: a draft model masks its q). False where computing the forced tokens found the
+        constraint's dead end."""
+        constraint, budget = self.constraint, c.budget
+        forced = constraint.forced()[:budget] if constraint is not None and self.forced_drafts and budget > 0 else []
+        if constraint is not None and constraint.error:
+            return False
+        proposal = Proposal()
+        if self.speculator is not None and budget - len(forced) > 0:
+            n_in = advance_all(constraint, forced) if constraint is not None else 0
+            forced = forced[:n_in]
+            try:
+                proposal = self.speculator.propose(self.ctx + forced, budget - len(forced), self.rng)
+            finally:
+                if constraint is not None:
+                    constraint.rollback(n_in)
+        c.forced, c.n_own = forced, len(proposal)
+        c.proposal = after_forced(forced, proposal) if forced else proposal
+        c.t1 = self.clock()
+        return True
+
+    def verify(self, c: _Cycle) -> Generator[Verify, np.ndarray, None]:
+        """Verify: one target decode of the proposal (a chain or a tree) and the exact rule; the target's cache keeps
+        what was accepted. The target's rows are checked as they are sampled (the backend skips its own pass:
+        check_logits)."""
+        tree, want_rows = c.proposal.tree, self.n_top is not None
+        try:
+            if tree is not None and len(tree):
+                if self.pending is not None:  # the tree's verify batch opens with the last token: decode it again there
+                    self.target.truncate(len(self.ctx) - 1)
+                    self.pending = None
+                c.verified = yield from _tree_cycle(
+                    self.target, tree, c.budget, self.ctx, self.sampling, self.rng, self.constraint, want_rows,
+                    c.proposal.sampled_chances, self.vocab,
+                )
+            else:
+                c.verified = yield from _chain_cycle(
+                    self.target, c.proposal, c.budget, self.ctx, self.sampling, self.rng, self.stats, self.pending,
+                    self.constraint, want_rows, self.vocab,
+                )
+                self.pending = None
+        except NonFiniteLogitsError as e:
+            raise non_finite_logits(getattr(self.target, "name", None) or "the target model") from e
+        c.t2 = self.clock()
+        # the first cycle's decode is not a verify of n_drafted + 1 tokens, nor is one that skipped rows (known rows)
+        # or ran with other generations' rows: their time must not teach the costs
+        v = c.verified
+        c.t_verify = c.t2 - c.t1 if self.stats.n_cycles and not v.skipped and not v.shared else 0.0
+
+    def accept(self, c: _Cycle) -> None:
+        """Accept: the verified tokens join the output, cut after an end-of-generation token (stop_at_eog) and before a
+        token the constraint refuses (a dead end: a limit of its matcher), with their TokenLogprobs when asked for;
+        the cycle goes into the stats."""
+        v, stats = c.verified, self.stats
+        new = v.tokens
+        eog_at = next((i for i, t in enumerate(new) if self.target.is_eog(t)), None) if self.stop_at_eog else None
+        if eog_at is not None:
+            new = new[: eog_at + 1]
+        lps = token_logprobs(v.rows, new, self.ctx, self.sampling, self.n_top, self.vocab) if self.n_top is not None and v.rows is not None else None
+        n_in = follow(self.constraint, new) if self.constraint is not None else len(new)
+        c.dead_end = n_in < len(new)
+        if c.dead_end:  # the grammar gave up there: stop before that token
+            new, lps = new[:n_in], (lps[:n_in] if lps is not None else None)
+        self.ctx.extend(new)
+        self.n_gen += len(new)
+        c.new, c.lps, c.eog = new, lps, eog_at is not None
+        c.source = c.proposal.source if v.n_drafted else "plain"
+        c.n_kept = min(v.n_kept, len(new))
+        if stats.n_cycles == 0:
+            stats.ttft = self.clock() - self.start
+        stats.record_cycle(v.n_drafted, c.n_kept, len(new), c.source, c.t1 - c.t0, c.t2 - c.t1)
+
+    def observe(self, c: _Cycle) -> None:
+        """Observe: the speculator learns the cycle's outcome. t_cycle is the whole period since the last cycle was
+        observed (the caller's work on its tokens included; 0 for the first cycle, whose decode is the prefill's
+        tail). t_draft includes the drafter catching up on tokens it has not seen (after plain cycles): resuming
+        drafting really costs that, and the policy must see it or it resumes too eagerly (the model speculator tells
+        its controller how many tokens a draft caught up on, so that a batched catch-up counts against the run it
+        starts without inflating the per-token draft cost). After forced tokens the speculator sees its own drafts
+        only (its proposal starts after them) and no verify time: the batch size was not its choice."""
+        if self.speculator is None:
+            return
+        t_obs = self.clock()
+        t_cycle, self.t_last = (t_obs - self.t_last if self.t_last is not None else 0.0), t_obs
+        v, new = c.verified, c.new
+        t_draft = c.t1 - c.t0  # with the drafter's catch-up on tokens it has not seen
+        if c.forced:
+            nf = len(c.forced)
+            n_drafted, n_kept = min(c.n_own, max(0, v.n_drafted - nf)), min(max(0, c.n_kept - nf), c.n_own)
+            outcome = Outcome(n_drafted, n_kept, len(new), t_draft, 0.0, tuple(new[nf:]), v.chances[nf:], t_cycle)
+        else:
+            outcome = Outcome(v.n_drafted, c.n_kept, len(new), t_draft, c.t_verify, tuple(new), v.chances, t_cycle)
+        self.speculator.observe(outcome)
 
 
-def bind_constraint(speculator: Any, constraint: TokenConstraint | None) -> None:
-    """Let the draft models inside a speculator mask their proposals with the generation's constraint."""
-    speculator = unguarded(speculator)
-    for part in (speculator, getattr(speculator, "model", None)):
-        if part is not None and hasattr(part, "constraint"):
-            part.constraint = constraint
+@dataclass(eq=False)
+class _Cycle:
+    """One cycle as _Loop's phases fill it in."""
+
+    t0: float  # when it began
+    budget: int  # the most tokens it may draft: each accepted one plus the target's own must fit
+    forced: list[int] = field(default_factory=list)  # the tokens the constraint forces, leading the proposal
+    n_own: int = 0  # the tokens the speculator proposed after them
+    proposal: Proposal = field(default_factory=Proposal)
+    t1: float = 0.0  # when propose ended
+    verified: _Verified = field(init=False)
+    t2: float = 0.0  # when verify ended
+    t_verify: float = 0.0  # the verify seconds the costs may learn from (0: none)
+    new: list[int] = field(default_factory=list)  # the tokens it adds
+    lps: list[TokenLogprob] | None = None
+    eog: bool = False  # they end with an end-of-generation token
+    dead_end: bool = False  # the constraint dead-ended: they stop before the token it refused
+    n_kept: int = 0  # the drafts kept among them
+    source: str = "plain"
+
+    def step(self) -> Step:
+        return Step(self.new, self.verified.n_drafted, self.n_kept, self.source, self.t1 - self.t0, self.t2 - self.t1,
+                    self.eog and not self.dead_end, self.lps)
+
+    @property
+    def end(self) -> str | None:
+        """The stop reason this cycle's step ends the generation with, if any."""
+        return "constraint" if self.dead_end else "eos" if self.eog else None
 
 
-def _after_forced(forced: list[int], proposal: Proposal) -> Proposal:
-    """The forced tokens as a deterministic chain, with the speculator's chain or tree (drafted after them) below."""
-    if proposal.tree is not None and len(proposal.tree):
-        tree = TokenTree.chain(forced)
-        index = {ROOT: len(forced) - 1}
-        own = proposal.tree
-        for i in range(len(own)):
-            index[i] = tree.add(index[own.parents[i]], own.token(i), own.q(i))
-        return Proposal(source=proposal.source, tree=tree, sampled_chances=proposal.sampled_chances)
-    source = proposal.source if proposal.tokens else "grammar"
-    q: list[np.ndarray | Probs | None] = [None] * len(forced)
-    return Proposal(forced + list(proposal.tokens), q + list(proposal.q), source, sampled_chances=proposal.sampled_chances)
-
-
-def _chain_masks(constraint: TokenConstraint, draft: Sequence[int]) -> tuple[list[np.ndarray], int]:
-    """The constraint's masks for the rows of a chain verify (row i: after draft[:i]) up to the first drafted token it
-    forbids, and how many drafts lead the chain allowed. The matcher ends where it started."""
-    masks = [constraint.mask()]
-    n = 0
-    for d in draft:
-        m = masks[-1]
-        if not (d < m.size and m[d]) or not constraint.advance(d):
-            break
-        n += 1
-        masks.append(constraint.mask())
-    constraint.rollback(n)
-    return masks, n
-
-
-# Rows of a chain verify whose mask allows one token are not computed (see _known_rows); False computes every row
-# (tests compare the two).
+# Rows of a chain verify whose mask allows one token are not computed (see constrained.known_rows); False computes
+# every row (tests compare the two).
 SKIP_KNOWN_ROWS = True
-
-
-def _known_rows(masks: Sequence[np.ndarray], n_decode: int, n_vocab: int) -> dict[int, int]:
-    """{row: token} for the verify rows 0..n_decode whose mask allows exactly one token (below n_vocab). There the
-    masked distribution is that token with probability 1 whatever the target's logits are (every other logit is -inf
-    before `warp`; penalties, temperature and the filters keep a single finite logit the only one), so the row needs
-    no output from the target: llama.cpp then skips the output projection over the vocabulary for it (a quarter of a
-    token's cost on the default pair on a 2-core CPU). Grammar scaffolding (keys, braces, quotes) is such rows."""
-    out = {}
-    for i, m in enumerate(masks[: n_decode + 1]):
-        if m is not None and np.count_nonzero(m) == 1:
-            t = int(np.argmax(m))
-            if t < n_vocab:
-                out[i] = t
-    return out
 
 
 def _decode_rows(
@@ -556,7 +460,7 @@ def _decode_rows(
 
 class _Verified(NamedTuple):
     """A verified cycle: the tokens it adds, the drafts (or tree nodes) verified, the drafts kept, with want_rows the
-    masked logits row of each added token, how many rows the target did not compute (see _known_rows), and the
+    masked logits row of each added token, how many rows the target did not compute (see known_rows), and the
     acceptance chances of the chain positions the rule examined (Verdict.chances; a tree's first-child chain)."""
 
     tokens: list[int]
@@ -586,14 +490,14 @@ def _chain_cycle(
     draft, q, n_decode = _cut_impossible(proposal, budget, target.n_vocab)
     masks: list[np.ndarray] | None = None
     if constraint is not None:
-        masks, n_ok = _chain_masks(constraint, draft[:n_decode])
+        masks, n_ok = chain_masks(constraint, draft[:n_decode])
         if n_ok < n_decode:
             d, m = draft[n_ok], masks[n_ok]
             if d < m.size and m[d]:  # allowed, but the matcher hit a limit taking it (a dead end): not drafted
                 draft, q, n_decode = draft[:n_ok], q[:n_ok], n_ok
             else:  # forbidden: a certain rejection, never decoded, and nothing after it
                 draft, q, n_decode = draft[: n_ok + 1], q[: n_ok + 1], n_ok
-    known = _known_rows(masks, n_decode, target.n_vocab) if masks is not None and SKIP_KNOWN_ROWS else {}
+    known = known_rows(masks, n_decode, target.n_vocab) if masks is not None and SKIP_KNOWN_ROWS else {}
     shared = [False]
     if pending is None:  # the cache holds all but the last token, which opens the verify batch
         logits = yield from _decode_rows(target, [ctx[-1]] + draft[:n_decode], L - 1, known, shared)
@@ -606,46 +510,6 @@ def _chain_cycle(
     target.truncate(L + n)
     own_rows = [apply_mask(logits[i], masks[i] if masks is not None else None) for i in range(n + 1)] if want_rows else None
     return _Verified(draft[:n] + [verdict.token], len(draft), n, own_rows, len(known), verdict.chances, shared[0])
-
-
-class _TreeRows(Sequence[Any]):
-    """The target's rows for a tree, warped on first use (accept_tree reads only the rows along its walk): index 0
-    is the root row, i + 1 node i's; None for nodes that were not decoded."""
-
-    def __init__(
-        self,
-        tree: TokenTree,
-        logits: np.ndarray,
-        node_row: list[int],
-        ctx: list[int],
-        sampling: SamplingParams,
-        masks: dict[int, np.ndarray] | None = None,
-        infill_vocab: InfillVocab | None = None,
-    ) -> None:
-        self.tree, self.logits, self.node_row, self.ctx, self.sampling = tree, logits, node_row, ctx, sampling
-        self.infill_vocab = infill_vocab
-        self.masks = masks  # row index (0 = root, i + 1 = node i) -> the constraint's mask there
-        self._rows: dict[int, np.ndarray | int | None] = {}
-
-    def __len__(self) -> int:
-        return len(self.tree) + 1
-
-    def __getitem__(self, i: Any) -> Any:
-        if i not in self._rows:
-            r = 0 if i == 0 else self.node_row[i - 1]
-            if r < 0:
-                self._rows[i] = None
-            else:
-                # penalties read the history; without them, no copy of the context per row
-                history = self.ctx + ([] if i == 0 else self.tree.path_tokens(i - 1)) if self.sampling.uses_history else []
-                row = self.logits[r]
-                if self.masks is not None:
-                    row = apply_mask(row, self.masks[i])
-                self._rows[i] = (
-                    greedy_token(row, self.sampling, history) if self.sampling.greedy
-                    else warp(row, self.sampling, history, self.infill_vocab)
-                )
-        return self._rows[i]
 
 
 def _tree_cycle(
@@ -671,14 +535,14 @@ def _tree_cycle(
     if n_batch is not None:  # one decode: the root and the nodes must fit a batch (a draft's chain and siblings may not)
         room = min(room, int(n_batch) - 1)
     if tree.max_depth > budget or len(tree) > room:
-        tree = _prune(tree, budget, room)
+        tree = prune(tree, budget, room)
     if not len(tree):  # nothing fits: a plain step
         return (yield from _chain_cycle(target, Proposal(), 0, ctx, sampling, rng, None, None, constraint, want_rows, infill_vocab))
-    masks, skip = _tree_masks(constraint, tree) if constraint is not None else (None, set())
+    masks, skip = tree_masks(constraint, tree) if constraint is not None else (None, set())
     tb = tree.batch(ctx[-1], L - 1, target.n_vocab, skip)
     v = Verify(target, list(tb.tokens), depths=[p - (L - 1) for p in tb.positions], seq_ids=tb.seq_ids)
     logits = yield v
-    rows = _TreeRows(tree, logits, tb.node_row, ctx, sampling, masks, infill_vocab)
+    rows = TreeRows(tree, logits, tb.node_row, ctx, sampling, masks, infill_vocab)
     if sampling.greedy:
         verdict = accept_tree_greedy(tree, rows)
     elif isinstance(rng, PositionalUniforms):
@@ -693,68 +557,8 @@ def _tree_cycle(
         own_rows = [
             apply_mask(logits[0 if k == 0 else tb.node_row[k - 1]], masks[k] if masks is not None else None) for k in keys
         ]
-    chances = _chain_chances(tree, rows, verdict.path, sampled_chances and not isinstance(rng, PositionalUniforms)) if not sampling.greedy else ()
+    chances = chain_chances(tree, rows, verdict.path, sampled_chances and not isinstance(rng, PositionalUniforms)) if not sampling.greedy else ()
     return _Verified(verdict.emitted, len(tb.tokens) - 1, verdict.n_accepted, own_rows, 0, chances, v.shared)
-
-
-def _chain_chances(tree: TokenTree, rows: "_TreeRows", path: Sequence[int], sampled: bool) -> tuple[float, ...]:
-    """Verdict.chances (see verify: `sampled` as its sampled_chances) for a tree's chain of first children (a draft
-    model's own chain; its siblings are later children): the acceptance probability of each first child the rule tried,
-    from the root down to the first one it did not keep. The tree rule tries a node's first child before any other,
-    with min(1, p/q) (the coupled rule keeps it when it is the target's sample, p(d) for a deterministic child), so its
-    chance is that of a chain."""
-    out: list[float] = []
-    node = ROOT
-    for depth in range(tree.max_depth):
-        kids = tree.children(node)
-        if not kids:
-            break
-        first = kids[0]
-        if tree.q(first) is not None and not sampled:
-            return ()
-        out.append(expected_acceptance(rows[node + 1], tree.q(first), tree.token(first)))
-        if depth >= len(path) or path[depth] != first:
-            break
-        node = first
-    return tuple(out)
-
-
-def _tree_masks(constraint: TokenConstraint, tree: TokenTree) -> tuple[dict[int, np.ndarray], set[int]]:
-    """The constraint's mask for every row of a tree (key 0 = the root, i + 1 = node i: after the path to node i), and
-    the nodes it forbids (left out of the decode with their subtrees). Depth first (depth <= 64); the matcher ends
-    where it started."""
-    masks = {0: constraint.mask()}
-    skip: set[int] = set()
-
-    def visit(node: int) -> None:
-        m = masks[node + 1]
-        for child in tree.children(node):
-            t = tree.token(child)
-            if not (t < m.size and m[t]):
-                skip.add(child)
-                continue
-            if not constraint.advance(t):  # the matcher hit a limit (a dead end): the node is not drafted at all
-                m = masks[node + 1] = m.copy()
-                m[t] = False
-                skip.add(child)
-                continue
-            masks[child + 1] = constraint.mask()
-            visit(child)
-            constraint.rollback(1)
-
-    visit(ROOT)
-    return masks, skip
-
-
-def _prune(tree: TokenTree, max_depth: int, max_nodes: int) -> TokenTree:
-    """The tree without nodes deeper than max_depth, and its first max_nodes nodes at most (insertion order: parents
-    first, better ranks first); kept nodes keep their order and rank."""
-    out, index = TokenTree(), {ROOT: ROOT}
-    for i in range(len(tree)):
-        parent = tree.parents[i]
-        if len(out) < max_nodes and tree.depths[i] <= max_depth and parent in index:
-            index[i] = out.add(index[parent], tree.token(i), tree.q(i))
-    return out
 
 
 __all__ = ["LanguageModel", "Step", "TokenLogprob", "speculate", "token_logprobs", "verify"]

@@ -41,7 +41,7 @@ from .schema import CompletionRequest
 
 if TYPE_CHECKING:  # importing the server loads no llama.cpp
     from edgespec.runtime.engine import Engine
-    from edgespec.runtime.generation import Generation
+    from edgespec.runtime.handle import Generation
 
 log = logging.getLogger("edgespec.server")
 
