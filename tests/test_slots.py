@@ -304,6 +304,30 @@ def test_asyncio_tasks_stream_together(tiny):
     assert [g[:N_TOKENS] for g in got] == expected
 
 
+def test_the_queue_counts_only_generations_that_wait_for_a_slot():
+    """max_queue bounds the generations waiting for a slot: ones that arrive together before the worker looks, as many
+    as there are free slots, do not wait (the server admits slots + queue; the engine refused the last one of three
+    sent at once to 1 slot + a queue of 2 when the worker had not yet taken the first)."""
+    from edgespec.errors import QueueFullError
+    from edgespec.runtime.generation import Worker
+    from edgespec.runtime.job import Job
+
+    def steps(job, slot):
+        yield None
+
+    w = Worker(2, parallel=1, execute=lambda reqs: [None] * len(reqs))
+    try:
+        jobs = [Job(steps=steps, size=1) for _ in range(3)]
+        with w._cond:  # all at once: the worker takes none of them before the last is in
+            for j in jobs:
+                w.submit(j)
+            with pytest.raises(QueueFullError):
+                w.submit(Job(steps=steps, size=1))
+        assert all(j.done.wait(10) for j in jobs)
+    finally:
+        w.shutdown()
+
+
 def test_automatic_slots_stop_at_a_quarter_of_the_free_memory_and_asked_slots_do_not(tiny, monkeypatch):
     """parallel=-n (Engine.load's parallel=None): at most the slots a quarter of the free memory holds, whatever the
     thread setting (here fixed); a slot count the user asked for is kept where the whole memory holds it."""

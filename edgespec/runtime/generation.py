@@ -106,13 +106,20 @@ class Worker:
                 raise EngineClosedError("the engine is closed; load a new one")
             if threading.current_thread() is self.thread:
                 raise ConfigError("a generation cannot be started from inside an engine callback")
-            if self.max_queue is not None and sum(1 for j in self._queue if not j.cancel_event.is_set()) >= self.max_queue:
+            if self.max_queue is not None and self._waiting() >= self.max_queue:
                 raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
             job.worker_thread = self.thread
             job.kick = self._kick
             self._queue.append(job)
             self._kicked = True
             self._cond.notify_all()
+
+    def _waiting(self) -> int:
+        """(Holding the lock.) Queued jobs that will wait for a slot: those a free slot takes as soon as the worker
+        looks are not waiting (a plain job running holds every slot)."""
+        queued = sum(1 for j in self._queue if not j.cancel_event.is_set())
+        free = 0 if self.current is not None else self.parallel - len(self._active)
+        return max(0, queued - free)
 
     def _kick(self) -> None:
         """(Any thread.) Wake the worker: a held generation's reader took a chunk, or a job was cancelled."""
