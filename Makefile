@@ -1,6 +1,6 @@
 # The two commands a new user needs (see README):
 #   make demo   set up, fetch the default model pair, and generate with it
-#   make test   set up and run the checks: ruff, mypy on the core, the test suite
+#   make test   set up and run the checks: ruff, mypy on the package, the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ES := $(VENV)/bin/edgespec

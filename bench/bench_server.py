@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # edgespec from this checkout; the tests' fixtures (tiny models, the server process)
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # edgespec from this checkout; the tests' support package (tiny models, the server process)
 
 import httpx  # noqa: E402
-from serve_process import ServeProcess  # noqa: E402
-from tiny import write_tiny_set  # noqa: E402
+from support.serve_process import ServeProcess  # noqa: E402
+from support.tiny import write_tiny_set  # noqa: E402
 
 from edgespec.config import ModelSpec, SamplingParams  # noqa: E402
 from edgespec.runtime.engine import Engine  # noqa: E402

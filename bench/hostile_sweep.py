@@ -764,8 +764,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", choices=list(CATEGORIES), default=None)
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import write_tiny_set
+    sys.path.insert(0, str(ROOT / "tests"))  # the tests' support package
+    from support.tiny import write_tiny_set
 
     with tempfile.TemporaryDirectory(prefix="edgespec-sweep-") as tmp:
         work = Path(tmp)

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout; the server fixture
 
-from rpc_process import RpcServer  # noqa: E402
+from support.rpc_process import RpcServer  # noqa: E402
 
 from edgespec.bench.delay_proxy import DelayProxy  # noqa: E402
 

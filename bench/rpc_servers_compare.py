@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent), str(ROOT / "tests")]
 
 from llamaserver_compare import Server, free_port  # noqa: E402
-from rpc_process import RpcServer  # noqa: E402
+from support.rpc_process import RpcServer  # noqa: E402
 
 from edgespec.bench import load_suites  # noqa: E402
 from edgespec.bench.delay_proxy import DelayProxy  # noqa: E402

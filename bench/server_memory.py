@@ -1,10 +1,10 @@
 """The server's memory across many requests: does it leak, or is it the prompt cache (docs/server.md, "KV reuse")?
 
-Serves the tiny test pair (tests/tiny.py) from uvicorn in a thread and sends rounds of requests with distinct prompts,
-in four kinds: a chat completion, a streamed chat completion closed after a few events (a cancel), a Responses call
-(stored) and a streamed /completion closed early. After each round it prints the process's RSS (after gc and glibc's
-malloc_trim, so freed heap does not count), the prompt caches' entries and bytes per model, the request records and
-the Responses store kept, and with --trace what tracemalloc saw grow (tracemalloc's own bookkeeping then adds
+Serves the tiny test pair (tests/support/tiny.py) from uvicorn in a thread and sends rounds of requests with distinct
+prompts, in four kinds: a chat completion, a streamed chat completion closed after a few events (a cancel), a Responses
+call (stored) and a streamed /completion closed early. After each round it prints the process's RSS (after gc and
+glibc's malloc_trim, so freed heap does not count), the prompt caches' entries and bytes per model, the request records
+and the Responses store kept, and with --trace what tracemalloc saw grow (tracemalloc's own bookkeeping then adds
 RSS: compare RSS without it).
 
     .venv/bin/python bench/server_memory.py --prompt-cache-mb 0     # without the cache: what else grows
@@ -26,13 +26,14 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' support package (tiny models, the server thread)
 
 import httpx  # noqa: E402
 
 from edgespec.server import create_app  # noqa: E402
-from test_server import ServerThread, load  # noqa: E402
-from tiny import write_tiny_set  # noqa: E402
+from support.engines import load  # noqa: E402
+from support.server_thread import ServerThread  # noqa: E402
+from support.tiny import write_tiny_set  # noqa: E402
 
 
 def rss_mib() -> float:

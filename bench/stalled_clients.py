@@ -7,7 +7,7 @@ Each stalled client is a raw socket with a 1 KiB receive buffer that sends a str
 top_logprobs 20) and never reads; it holds its connection --hold seconds, then closes it. Meanwhile another client
 (its own bearer token) sends short requests one after another. Prints the server's RSS before, at its peak and after
 the clients closed, the most requests in flight (/metrics), and how many of the other client's requests were served
-(tests/stalled_clients.py; tests/test_server_backpressure.py is the bounded version).
+(tests/support/stalled_clients.py; tests/server/test_server_backpressure.py is the bounded version).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # edgespec from this checkout; the tests' fixtures (tiny models, the server process)
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # edgespec from this checkout; the tests' support package (tiny models, the server process)
 
-from serve_process import ServeProcess  # noqa: E402
-from stalled_clients import soak  # noqa: E402
-from tiny import write_tiny_set  # noqa: E402
+from support.serve_process import ServeProcess  # noqa: E402
+from support.stalled_clients import soak  # noqa: E402
+from support.tiny import write_tiny_set  # noqa: E402
 
 
 def main() -> None:

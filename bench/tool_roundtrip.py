@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from serve_process import ServeProcess  # noqa: E402 - the tests' server process harness
+from support.serve_process import ServeProcess  # noqa: E402 - the tests' server process harness
 
 WEATHER = {"paris": (17, "light rain"), "tokyo": (22, "clear"), "cairo": (34, "sunny"), "london": (12, "showers"),
            "oslo": (-3, "snow")}

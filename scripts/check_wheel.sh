@@ -35,7 +35,7 @@ assert m.load_manifests(), "no model manifests in the wheel"
 assert len(b.load_suites()) >= 5, "no bench suites in the wheel"
 PY
 # a tiny model to run it on, written by the tests' fixture (numpy and gguf only: edgespec still comes from the wheel)
-PYTHONPATH="$ROOT/tests" "$V/python" -c 'from tiny import write_tiny_set; write_tiny_set("tiny")'
+PYTHONPATH="$ROOT/tests" "$V/python" -c 'from support.tiny import write_tiny_set; write_tiny_set("tiny")'
 "$V/edgespec" info tiny/tiny-target.gguf >/dev/null
 "$V/python" -c 'from edgespec.llama import rpc; assert rpc.available(), "the llama-cpp-python wheel has no libggml-rpc (GGML_RPC=ON)"'
 EDGESPEC_CACHE_DIR="$WORK/cache" "$V/edgespec" generate "abc" --raw --target tiny/tiny-target.gguf --draft ngram \

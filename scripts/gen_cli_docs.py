@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/cli.md from the commands' own --help (the reference cannot drift: tests/test_docs.py fails when the
+"""Write docs/cli.md from the commands' own --help (the reference cannot drift: tests/base/test_docs.py fails when the
 file differs from what this script would write).
 
     .venv/bin/python scripts/gen_cli_docs.py           # rewrite docs/cli.md

@@ -17,9 +17,9 @@
 #              carried wheels into $WORK/site, which goes first on PYTHONPATH.
 #   2 synth    the synthetic Qwen2.5-Coder 1.5B and 0.5B (research/synth_model.py, spec in research/data): random
 #              weights written as F16 while the build runs, then quantized to Q4_K_M with the freshly built llama.cpp.
-#   3 tests    the tiny-model tests (tests/test_backend.py, test_speculate.py, test_engine.py by default, not real,
-#              not slow) with every model fully offloaded (a pytest plugin forces n_gpu_layers=-1): exactness on the
-#              CUDA kernels.
+#   3 tests    the tiny-model tests (tests/llama/test_backend.py, tests/runtime/test_speculate.py and test_engine.py by
+#              default, not real, not slow) with every model fully offloaded (a pytest plugin forces n_gpu_layers=-1):
+#              exactness on the CUDA kernels.
 #   4 curve    research/predict_speedup.py measure: the synthetic target's verify curve (1..64 tokens), the synthetic
 #              draft's per-token cost and small-batch curve, and both again at context depths 256 and 640
 #              (depth_scale), full offload.
@@ -98,15 +98,15 @@ if ! "$PY" -c "import gguf" >/dev/null 2>&1 && [ -d "$GGUF_PY" ]; then
   export GGUF_PY
   export PYTHONPATH="$GGUF_PY${PYTHONPATH:+:$PYTHONPATH}"
 fi
-export PYTHONPATH="$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"  # edgespec from here; tests/tiny.py for QUICK
+export PYTHONPATH="$ROOT:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"  # edgespec from here; tests/support/tiny.py for QUICK
 export PYTHONUNBUFFERED=1
 S2=$(date +%s)
 if [ "$QUICK" = 1 ]; then
-  # tiny stand-ins: a spec read from tests/tiny.py's models, so the same spec -> F16 -> quantize path runs
+  # tiny stand-ins: a spec read from tests/support/tiny.py's models, so the same spec -> F16 -> quantize path runs
   SPEC="$WORK/tiny.spec.json.xz"
   "$PY" - "$WORK/tiny" >>"$LOG" 2>&1 <<'EOF'
 import sys
-from tiny import write_tiny_model
+from support.tiny import write_tiny_model
 write_tiny_model(sys.argv[1] + "-target.gguf", seed=1, d_model=256, n_layers=2, d_ff=512, extra_tokens=200)
 write_tiny_model(sys.argv[1] + "-draft.gguf", seed=2, d_model=256, n_layers=1, d_ff=512, extra_tokens=200)
 EOF
@@ -279,9 +279,9 @@ def pytest_configure(config):
           f"llama_supports_gpu_offload = {bool(C.llama_supports_gpu_offload())}", file=sys.stderr, flush=True)
 EOF
 if [ "$QUICK" = 1 ]; then
-  TESTS="${GPU_CHECK_TESTS:-tests/test_backend.py}"
+  TESTS="${GPU_CHECK_TESTS:-tests/llama/test_backend.py}"
 else
-  TESTS="${GPU_CHECK_TESTS:-tests/test_backend.py tests/test_speculate.py tests/test_engine.py}"
+  TESTS="${GPU_CHECK_TESTS:-tests/llama/test_backend.py tests/runtime/test_speculate.py tests/runtime/test_engine.py}"
 fi
 EXIST=""
 for t in $TESTS; do [ -e "$t" ] && EXIST+=" $t"; done

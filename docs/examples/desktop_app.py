@@ -24,8 +24,8 @@ def main(argv: list[str]) -> int:
     else:
         from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the checkout's test fixtures
-        from tiny import write_tiny_set
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the checkout's test support package
+        from support.tiny import write_tiny_set
 
         files = write_tiny_set(tempfile.mkdtemp())
         # one thread: a tiny model's matrices are too small to share, and a second spinning thread only waits

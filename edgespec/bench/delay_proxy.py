@@ -1,6 +1,6 @@
 """A TCP proxy on loopback that adds network delay: every byte arrives `rtt_ms / 2` later in each direction, in
 order (this kernel has no netem qdisc to do it). bench/rpc_bench.py and bench/rpc_servers_compare.py put it between
-edgespec and its rpc-servers, tests/test_rpc.py between a model and a server it stops mid-generation;
+edgespec and its rpc-servers, tests/llama/test_rpc.py between a model and a server it stops mid-generation;
 bench/delay_proxy.py is its command line.
 
 Loopback only: it refuses to listen on or forward to any other address (ValueError).

@@ -4,7 +4,7 @@ runs. Pure numpy.
 Where a filter keeps few tokens (top-k, min-p, a top-p nucleus), only they are ever touched after one or two comparison
 passes over the row, and the distribution is their ids and weights (float64, the same arithmetic as `warp` on the same
 kept set); with no filter (temperature alone) the weights are one float32 pass of exp over the row.
-tests/test_sampling_fast.py checks it against `warp` on many random rows.
+tests/decoding/test_sampling_fast.py checks it against `warp` on many random rows.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ specification. Pure numpy.
 
 The same `warp` defines the target distribution on the plain decoding path and in speculative verification, so the
 two paths sample from exactly the same p. The loop runs warp_fast.warp_probs, the same distribution computed
-candidates first (tests/test_sampling_fast.py checks the two against each other).
+candidates first (tests/decoding/test_sampling_fast.py checks the two against each other).
 
 `warp(logits, params, history)` applies, in this order:
 
