@@ -10,19 +10,7 @@ anywhere, without the real weights (they cannot travel to an offline GPU machine
     # the check: verify curves of a real and a synthetic file on this machine, measured interleaved
     .venv/bin/python research/synth_model.py compare REAL.gguf SYNTH.gguf --sizes 1-9,12,16,17
 
-The spec holds, per model, every metadata key of the real file (architecture, layers, heads, KV heads, hidden and
-FFN sizes, context length, RoPE base, norm epsilon, chat template, special token ids) except the tokenizer arrays,
-which both models share and the spec holds once (151,936 tokens, their types, 151,387 merges), so the synthetic
-file is a valid Qwen2 model whose tokenizer is the real one. It also holds every tensor's name and shape, the
-type it has in the real file, and its scale: for each weight matrix the mean and standard deviation of a sample of
-its rows (dequantized with gguf-py), for each vector (norms, biases) the mean and standard deviation of the vector.
-
-`make` writes random normal weights with those scales (matrices as F16, vectors as F32; a 16M-value normal pool is
-reused at random offsets, which keeps generation fast and changes nothing that costs time), then quantizes the
-F16 file with llama.cpp's own quantizer through the binding (llama_model_quantize, default parameters, ftype
-Q4_K_M, no imatrix), which picks each tensor's type by the same rules that made the real file: Q4_K with Q6_K for
-some attn_v/ffn_down layers and the output, and Q5_0/Q8_0 where a row length (896 in the 0.5B) is not a multiple of
-256. `make` prints the resulting type counts next to the real file's.
+What the spec holds and how `make` writes and quantizes the weights: edgespec/bench/synth.py's docstring.
 
 The command line of edgespec/bench/synth.py (spec, make, quantize) and edgespec/bench/measure.py (compare). GGUF_PY
 names a copy of gguf-py to use when none is installed (llama.cpp's own, in the GPU bundle).
