@@ -48,8 +48,19 @@ if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"
   "$PY" -m venv "$VENV"
 fi
+# What this venv was last set up from: the wheel, the checkout and its dependencies. The same again (and both
+# packages importable): nothing to install, so `make test` and friends do not reinstall on every run.
+STAMP="$VENV/.edgespec-setup"
+WANT="$(printf '%s|%s|%s' "$WHEELDIR" "$ROOT" "$(sha256sum "$ROOT/pyproject.toml" | cut -c1-64)")"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
+   && (cd / && "$VENV/bin/python" -c 'import llama_cpp, edgespec') >/dev/null 2>&1; then
+  log "ready (up to date): $VENV/bin/edgespec"
+  exit 0
+fi
+rm -f "$STAMP"
 "$VENV/bin/python" -m pip install -q --upgrade pip >&2 || true
 # --force-reinstall --no-deps on the wheel: whatever llama-cpp-python was in the venv is replaced by this build.
 "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$WHEELDIR"/llama_cpp_python-*.whl >&2
 "$VENV/bin/python" -m pip install -q -e "$ROOT[test]" >&2
+printf '%s' "$WANT" > "$STAMP"
 log "ready: $VENV/bin/edgespec"
