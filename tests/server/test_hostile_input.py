@@ -146,8 +146,20 @@ def no_tracebacks(srv) -> None:
     assert not bad, [r.getMessage() for r in bad]
 
 
+_CLIENTS: dict[str, httpx.Client] = {}  # one keep-alive client per server (a client per request costs ~20 ms)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients():
+    yield
+    for c in _CLIENTS.values():
+        c.close()
+    _CLIENTS.clear()
+
+
 def raw_post(srv, path: str, text: str) -> httpx.Response:
-    return httpx.post(srv.url + path, content=text.encode("utf-8"), headers={"content-type": "application/json"}, timeout=30)
+    client = _CLIENTS.get(srv.url) or _CLIENTS.setdefault(srv.url, httpx.Client(timeout=30))
+    return client.post(srv.url + path, content=text.encode("utf-8"), headers={"content-type": "application/json"})
 
 
 MSG = [{"role": "user", "content": "hi"}]
