@@ -416,7 +416,8 @@ class Engine:
     def start(self, request: GenerationRequest) -> Generation:
         """Queue the generation a GenerationRequest describes and return its handle at once (see Generation).
         What needs this engine is checked here, before anything is queued: the prompt's tokens (they fit the
-        vocabulary), a drafter this engine can run, the constraint against its vocabulary (ConstraintError)."""
+        vocabulary and leave room to generate: PromptTooLongError), a drafter this engine can run, the constraint
+        against its vocabulary (ConstraintError)."""
         self._live()
         if not isinstance(request, GenerationRequest):
             raise ConfigError(f"start takes a GenerationRequest, got {type(request).__name__}")
