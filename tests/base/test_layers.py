@@ -34,20 +34,28 @@ def _wing(module: str) -> str:
     return "base" if parts[1] in BASE else parts[1]
 
 
+def _package(path: Path, module: str) -> str:
+    """The package a module's relative imports start from."""
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def _source(node: ast.ImportFrom, pkg: str) -> str:
+    """The module a `from ... import` takes its names from, relative imports resolved against `pkg`."""
+    if not node.level:
+        return node.module or ""
+    base = pkg.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: Path, module: str) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    pkg = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    pkg = _package(path, module)
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.startswith("edgespec")]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _source(node, pkg)
             if not mod.startswith("edgespec"):
                 continue
             if mod == "edgespec" or node.module is None:  # from edgespec import x / from . import x: x may be a module
@@ -59,9 +67,7 @@ def _imports(path: Path, module: str) -> list[str]:
 
 def test_imports_go_down_the_wings_only():
     wrong = []
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG.parent).with_suffix("")
-        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    for module, path in _modules().items():
         wing = _wing(module)
         if wing == "top":  # the package's __init__ (the public API) and __main__
             continue
@@ -92,7 +98,7 @@ def _top_level_imports(path: Path, module: str) -> set[str]:
     """The edgespec modules a module imports when it is imported: its top-level statements (TYPE_CHECKING blocks and
     function bodies excluded), each `from X import name` counted as X.name where that is a module."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    pkg = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    pkg = _package(path, module)
     found: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
@@ -116,12 +122,7 @@ def _top_level_imports(path: Path, module: str) -> set[str]:
 def _imports_of(node: ast.Import | ast.ImportFrom, pkg: str) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name.startswith("edgespec")]
-    if node.level:
-        base = pkg.split(".")
-        base = base[: len(base) - (node.level - 1)]
-        mod = ".".join(base + ([node.module] if node.module else []))
-    else:
-        mod = node.module or ""
+    mod = _source(node, pkg)
     if not mod.startswith("edgespec"):
         return []
     return [mod] + [f"{mod}.{a.name}" for a in node.names]
@@ -169,7 +170,7 @@ def test_no_private_name_is_imported_from_another_module():
     mods = _modules()
     wrong = []
     for m, path in mods.items():
-        pkg = m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
+        pkg = _package(path, m)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and _imports_of(node, pkg):
                 wrong += [f"{m}: {a.name} from {_imports_of(node, pkg)[0]}" for a in node.names
