@@ -186,8 +186,8 @@ class Context:
         n = int(C.llama_max_devices())
         return (ctypes.c_float * n)(*spec.tensor_split, *([0.0] * (n - len(spec.tensor_split))))
 
-    def _choose_threads(self, ngl: int) -> bool:
-        """The thread count, and the tuner where it is chosen while running; whether it is (auto)."""
+    def _choose_threads(self, ngl: int) -> None:
+        """The thread count, and the tuner where it is chosen while running."""
         spec = self.spec
         self.n_threads = spec.n_threads or default_threads()
         # Threads follow the machine's load (threads.py) unless the user fixed them, or the weights are all on a GPU
@@ -197,7 +197,6 @@ class Context:
         self.tuner: ThreadTuner | None = ThreadTuner(cands) if len(cands) > 1 else None
         self.threads_applied = self.n_threads  # the count llama.cpp's context uses now
         self.pinned = False  # pinned_threads(): decodes keep the count and teach the tuner nothing
-        return auto
 
     def _fit_memory(self, ngl: int, cap: bool) -> None:
         """Where the cache lives in this machine's memory: ConfigError if it would not fit (check_cache_memory); with
