@@ -16,12 +16,17 @@ from typing import Any, Callable, Generator
 @dataclass
 class Chunk:
     """A piece of streamed text. `from_draft` is True when every token behind it was a draft token the target
-    accepted (for --show-draft colouring)."""
+    accepted (for --show-draft colouring). `source`: where its tokens came from, the drafter's source name
+    (steps.Step.source: "model", "ngram", "suffix") for accepted drafts, "target" for the target's own token.
+    `pieces`: the text each token added, in order (their concatenation is `text`; a token that ends inside a
+    character adds "" and the next one the whole character)."""
 
     text: str
     tokens: list[int]
     from_draft: bool
     logprobs: list[Any] | None = None  # speculate.TokenLogprob per token, when the generation asked for them
+    source: str = "target"
+    pieces: list[str] | None = None
 
 
 class Job:

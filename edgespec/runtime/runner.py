@@ -76,7 +76,7 @@ def generation_steps(
         if ended:
             tail = detok.flush()
             if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
-                push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None))
+                push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None, pieces=[tail]))
     finally:
         steps.close()
         slots.last_rows.pop(slot, None)
@@ -99,9 +99,11 @@ def emit(job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], text
     lps = step.logprobs
     carry = job.logprob_carry
     for toks, from_draft, first in ((step.tokens[:n], True, 0), (step.tokens[n:], False, n)):
-        text, used = "", []
+        text, used, pieces = "", [], []
         for tok in toks:
-            text += detok.push([tok])
+            piece = detok.push([tok])
+            text += piece
+            pieces.append(piece)
             used.append(tok)
             with job.lock:
                 ids.append(tok)
@@ -114,7 +116,7 @@ def emit(job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], text
             chunk_lps = None
             if lps is not None:
                 chunk_lps, carry[:] = list(carry), []
-            push(job, texts, Chunk(text, used, from_draft, chunk_lps))
+            push(job, texts, Chunk(text, used, from_draft, chunk_lps, step.source if from_draft else "target", pieces))
         if detok.stopped:
             return True
     return False

@@ -5,7 +5,7 @@ core.py (the state, body reading, JSON sending, the one generate path and the on
 (OpenAI-shaped errors), refused.py (refused features, ignored keys), responses.py (the generation writer every route
 subclasses, statistics, the one tool-call reader), routes_openai.py, routes_llamacpp.py, routes_ollama.py and
 routes_responses.py (each a translation of its API onto the core), app.py (the Starlette app: routes, middleware,
-/health, /metrics), guards.py (Host check, API key), metrics.py (Prometheus counters), samplers.py (llama-server's
+/health, /metrics), page.py (the chat page at /, its files in static/), guards.py (Host check, API key), metrics.py (Prometheus counters), samplers.py (llama-server's
 sampler chains), sse.py (event framing). Importing this package does not load llama.cpp.
 """
 

@@ -43,6 +43,7 @@ from . import routes_llamacpp as llamacpp
 from . import routes_ollama as ollama
 from . import routes_openai as openai_api
 from . import routes_responses as responses_api
+from . import page
 from .core import JSON, RequestRecord, ServerState, Settings, error_response, server_state
 from .guards import BearerAuth, CountResponses, HostCheck
 from .responses import IGNORED_HEADER
@@ -147,6 +148,7 @@ def create_app(
         Route("/v1/responses", responses_api.create, methods=["POST"]),
         Route("/responses", responses_api.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+        *page.routes(),  # the chat page at / (page.py, docs/web.md)
     ]
     origins = list(settings.cors_origins)
     middleware = [

@@ -90,6 +90,8 @@ class CommonBody(Body):
     speculative_n_max: Annotated[IntegerParam, Field(ge=0, le=64, alias="speculative.n_max")] = None  # llama-server's spelling
     stop: Any = None
     show_draft: Bool | None = None
+    show_sources: Bool | None = None  # edgespec's: each streamed delta names where each of its tokens came from
+    drafter: Str | None = None  # edgespec's: this request's drafter ("auto", "none" or a kind's name)
     logprobs: Any = None
     response_format: Any = None
     json_schema: Any = None

@@ -387,12 +387,12 @@ def api_error(e: BaseException) -> APIError:
 # --------------------------------------------------------------------------------------------- the generate path
 def request_spec(eng: Engine, req: CompletionRequest) -> SpecConfig | None:
     """The engine's SpecConfig lowered to the request's draft limit, or None (the engine's) when the limit does not bind."""
-    if req.draft_max is None or not req.speculative or eng.drafter_kind == DrafterKind.NONE:
+    if req.draft_max is None or not req.speculative or (req.drafter or eng.drafter_kind) == DrafterKind.NONE:
         return None
     base = eng.spec
     n = req.draft_max
     # n-gram lookups draft up to ngram_draft_max only under the adaptive controller (fixed K drafts draft_max)
-    ngram_binds = base.adaptive and eng.drafter_kind in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM) and n < base.ngram_draft_max
+    ngram_binds = base.adaptive and (req.drafter or eng.drafter_kind) in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM) and n < base.ngram_draft_max
     if n >= base.draft_max and not ngram_binds:
         return None
     return replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
@@ -411,7 +411,7 @@ def prepare(state: ServerState, req: CompletionRequest) -> tuple[Generation, lis
             tools=tuple(req.tools) if req.messages is not None and fi is None else (),
             tokens=req.prompt_tokens if fi is None and req.prompt is None and req.messages is None else None,
             infill=InfillPrompt(fi.prefix, fi.suffix, fi.extra, fi.prompt) if fi is not None else None,
-            sampling=req.sampling, max_tokens=req.max_tokens, stop=req.stop, speculative=req.speculative,
+            sampling=req.sampling, max_tokens=req.max_tokens, stop=req.stop, speculative=req.speculative, drafter=req.drafter,
             constraint=req.constraint, logprobs=req.logprobs, spec=request_spec(eng, req),
             short=True if fi is not None else None,  # an editor's completion never waits behind a chat answer
         ))
@@ -487,6 +487,8 @@ async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tup
     except (ConfigError, TemplateError) as e:
         state.metrics.rejected["invalid"] += 1
         param = "messages" if req.messages is not None else "input_prefix" if req.infill is not None and kind == "infill" else "prompt"
+        if req.drafter is not None and str(e).startswith("drafter "):  # the body's drafter this engine cannot run
+            param = "drafter"
         raise APIError(400, str(e), param=param) from None
     except EngineClosedError as e:
         raise api_error(e) from None

@@ -10,6 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .metrics import Metrics
 from .core import error_response
 from .api_errors import APIError
+from .page import is_public
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -34,7 +35,8 @@ class HostCheck:
 
 
 class BearerAuth:
-    """`Authorization: Bearer <key>` on every route but /health and /v1/health (and CORS preflights)."""
+    """`Authorization: Bearer <key>` on every route but /health, /v1/health and the chat page's files (page.is_public:
+    they hold no secret; the page sends the key with each API call), and CORS preflights."""
 
     def __init__(self, app: ASGIApp, key: str | None) -> None:
         self.app = app
@@ -43,7 +45,8 @@ class BearerAuth:
         self.key = key_bytes(key) if key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is not None and scope["type"] == "http" and scope["path"] not in ("/health", "/v1/health") and scope["method"] != "OPTIONS":
+        if self.key is not None and scope["type"] == "http" and scope["path"] not in ("/health", "/v1/health") and scope["method"] != "OPTIONS" \
+                and not is_public(scope["path"]):
             auth = _raw_header(scope, b"authorization") or b""
             scheme, _, token = auth.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(b" \t"), self.key):

@@ -86,6 +86,14 @@ def timings(stats: Any) -> dict[str, Any]:
     }
 
 
+def source_class(source: str) -> str:
+    """A chunk's token source (job.Chunk.source) as the stream names it: "draft" (a draft model's accepted token),
+    "lookup" (an n-gram lookup's or the suffix index's) or "target" (the target's own token)."""
+    if source == "model":
+        return "draft"
+    return "target" if source in ("target", "plain") else "lookup"
+
+
 def edgespec_stats(stats: Any, req: CompletionRequest, drafter: str) -> dict[str, Any]:
     """The speculation statistics: μ, acceptance (overall, by draft position, by source), cycles, the time split."""
     d = stats.as_dict()
@@ -120,7 +128,7 @@ class GenerationResponse:
         self.created = int(time.time())
         self.id = ("chatcmpl-" if req.kind == "chat" else "cmpl-") + secrets.token_hex(12)
         self.model = state.model_id
-        self.drafter = state.loaded.drafter_kind
+        self.drafter = req.drafter or state.loaded.drafter_kind
         self.spans: list[list[int]] = []  # [start, end) character ranges of text from accepted drafts
         self._chars = 0
         self.headers = ignored_headers(req.ignored)
@@ -394,10 +402,13 @@ class GenerationResponse:
             if self.client_left or not chunk.text:
                 continue
             text = chunk.text if splitter is None else splitter.feed(chunk.text)
-            if text == chunk.text and (self.req.show_draft or self.req.logprobs is not None):
+            if text == chunk.text and (self.req.show_draft or self.req.show_sources or self.req.logprobs is not None):
                 choice = self._delta_choice(chunk.text, None)
                 if self.req.show_draft:
                     choice["from_draft"] = chunk.from_draft
+                if self.req.show_sources:
+                    cls = source_class(chunk.source)
+                    choice["sources"] = [[p, cls] for p in (chunk.pieces or [chunk.text]) if p]
                 if self.req.logprobs is not None:
                     choice["logprobs"] = self._logprobs(chunk.logprobs or [])
                 await body(sse.event(self._chunk(choice)))
@@ -471,5 +482,5 @@ def _finite(v: float) -> float:
     return v if v > -9999.0 else -9999.0
 
 
-__all__ = ["GenerationResponse", "header_safe", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats",
+__all__ = ["GenerationResponse", "header_safe", "ignored_headers", "IGNORED_HEADER", "usage", "timings", "edgespec_stats", "source_class",
            "FINISH"]

@@ -21,6 +21,7 @@ from edgespec.decoding.constraint import Constraint
 from edgespec.errors import ConfigError
 from edgespec.prompts.infill import ExtraChunk
 from edgespec.decoding.structured import Tool, check_tool_choice, check_tools, constraint_from_response_format, tool_constraint, tool_history
+from edgespec.runtime.request import AUTO, KIND_NAMES
 from edgespec.untrusted import JSONDepthError, loads as loads_json
 from .api_errors import bad, json_type, unsupported
 from .bodies import MAX_TOKENS_LIMIT, ChatBody, CommonBody, CompletionBody, validate_body
@@ -133,6 +134,8 @@ class CompletionRequest:
     draft_max: int | None
     show_draft: bool
     model: str | None
+    show_sources: bool = False  # each streamed delta carries `sources`: [text, "draft" | "lookup" | "target"] per token
+    drafter: str | None = None  # the body's `drafter` kind name; None: the engine's ("auto")
     constraint: Constraint | None = None  # what the output must look like (response_format, grammar, tools)
     tools: list[Tool] = field(default_factory=list)  # offered tools (chat), when tool_choice is not "none"
     tool_choice: str = "none"  # "none", "auto", "required" or a function name
@@ -361,6 +364,9 @@ def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = Non
     draft_max = m.draft_max if m.draft_max is not None else m.speculative_n_max
     if draft_max == 0:
         speculative = False
+    drafter = _drafter(m.drafter)
+    if drafter == "none":
+        speculative, drafter = False, None
     stop = (m.stop,) if isinstance(m.stop, str) else tuple(m.stop or ())
     return CompletionRequest(
         kind=kind,
@@ -376,7 +382,18 @@ def _common(m: CommonBody, kind: str, *, messages: Any = None, prompt: Any = Non
         draft_max=draft_max,
         show_draft=bool(m.show_draft),
         model=m.model,
+        show_sources=bool(m.show_sources),
+        drafter=drafter if speculative else None,
     )
+
+
+def _drafter(v: str | None) -> str | None:
+    """The body's `drafter` (edgespec's extension): None for "auto" or none given, else a drafter kind's name."""
+    if v is None or v == AUTO:
+        return None
+    if v not in KIND_NAMES:
+        raise bad("drafter", f"drafter must be one of {', '.join((AUTO,) + KIND_NAMES)}, got {json.dumps(v)[:60]}")
+    return v
 
 
 __all__ = ["CompletionRequest", "InfillInput", "parse_chat", "parse_completion", "parse_json"]

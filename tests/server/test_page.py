@@ -1,0 +1,288 @@
+"""The chat page `edgespec serve` shows at `/` (edgespec/server/page.py, docs/web.md): its files and headers, the API
+extensions it uses (`show_sources`, `drafter`), and the page itself in headless Chromium (tests/support/browser.py)
+against a server over the tiny pair with two slots: a message streamed, Stop, the token sources, race mode, hostile
+text kept inert, the API key, no request leaving the origin, a narrow window, and the screenshot docs/ shows.
+
+The browser tests skip with the reason when no Chromium can be driven here, and fail instead under
+EDGESPEC_REQUIRE_BROWSER=1 (CI: .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from edgespec.server import Settings, create_app
+from edgespec.server.page import CSP, files
+
+from support import browser as B
+from support.engines import load
+from support.server_thread import ServerThread, sse_events, wait_for
+
+KEY = "page-test-key"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny: Any) -> Iterator[Any]:
+    eng = load(tiny["target"], tiny["draft"], parallel=2)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def srv(engine: Any) -> Iterator[ServerThread]:
+    s = ServerThread(create_app(engine))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed(engine: Any) -> Iterator[ServerThread]:
+    s = ServerThread(create_app(engine, Settings(api_key=KEY)))
+    yield s
+    s.stop()
+
+
+def stream(srv: ServerThread, **body: Any) -> list[Any]:
+    body = {"messages": [{"role": "user", "content": "the cat"}], "stream": True, "max_tokens": 80, "temperature": 0, **body}
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        return [e for e in sse_events(r.iter_lines()) if e != "[DONE]"]
+
+
+def content(events: list[Any]) -> str:
+    return "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+
+
+# --------------------------------------------------------------------------------------------- files and headers
+def test_page_is_served_with_a_strict_policy(srv: ServerThread) -> None:
+    r = httpx.get(srv.url + "/")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+    assert r.headers["content-security-policy"] == CSP
+    assert "default-src 'self'" in CSP and "script-src 'self';" in CSP and "unsafe" not in CSP
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in r.text and " on" + "click=" not in r.text  # no inline script: CSP would block it
+    for tag in ('textarea name="message"', 'button type="submit" name="send"', 'name="stop"'):
+        assert tag in r.text
+
+
+def test_assets_have_their_types_and_nothing_else_is_served(srv: ServerThread) -> None:
+    want = {"app.js": "text/javascript", "app.css": "text/css", "vendor/purify.min.js": "text/javascript",
+            "vendor/marked.umd.js": "text/javascript", "vendor/highlight.min.js": "text/javascript",
+            "vendor/dompurify.LICENSE.txt": "text/plain"}
+    for name, media in want.items():
+        r = httpx.get(f"{srv.url}/ui/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith(media), name
+        assert r.headers["content-security-policy"] == CSP
+    for name in ("nope.js", "../page.py", "..%2fpage.py", "%2e%2e/core.py", "vendor", "/etc/passwd"):
+        r = httpx.get(f"{srv.url}/ui/{name}")
+        assert r.status_code == 404 and r.headers["content-type"] == "application/json", name
+    # every file the page links is shipped, and each vendored library has its licence next to it
+    html = files()["index.html"][0].decode()
+    for ref in ("/ui/app.css", "/ui/app.js", "/ui/vendor/purify.min.js", "/ui/vendor/marked.umd.js", "/ui/vendor/highlight.min.js"):
+        assert ref in html and ref[4:] in files()
+    for lib in ("marked", "dompurify", "highlight"):
+        assert f"vendor/{lib}.LICENSE.txt" in files()
+
+
+def test_the_page_needs_no_key_but_its_api_calls_do(keyed: ServerThread) -> None:
+    assert httpx.get(keyed.url + "/").status_code == 200
+    assert httpx.get(keyed.url + "/ui/app.js").status_code == 200
+    assert httpx.get(keyed.url + "/v1/models").status_code == 401
+    assert httpx.get(keyed.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+# --------------------------------------------------------------------------------------------- the API extensions
+def test_show_sources_names_each_tokens_source(srv: ServerThread) -> None:
+    for drafter, drafted in (("model", "draft"), ("ngram", "lookup")):
+        events = stream(srv, show_sources=True, drafter=drafter, max_tokens=120)
+        pieces = [p for e in events for c in e.get("choices", []) for p in c.get("sources", [])]
+        assert "".join(t for t, _ in pieces) == content(events)  # the pieces are the text, in order
+        kinds = Counter(s for _, s in pieces)
+        assert set(kinds) <= set(B.SOURCES) and kinds[drafted] > 0 and kinds["target"] > 0, kinds
+        end = events[-1]
+        assert end["edgespec"]["drafter"] == drafter
+        assert end["edgespec"]["n_accepted"] == kinds[drafted] and len(pieces) == end["timings"]["predicted_n"]
+    plain = stream(srv, show_sources=True, drafter="none")
+    assert {s for e in plain for c in e.get("choices", []) for _, s in c.get("sources", [])} == {"target"}
+    assert plain[-1]["edgespec"]["drafter"] == "none" and plain[-1]["edgespec"]["n_drafted"] == 0
+    assert content(plain) == content(stream(srv, show_sources=True, drafter="model"))  # greedy: the same text
+
+
+def test_sources_are_sent_only_when_asked(srv: ServerThread) -> None:
+    assert not any("sources" in c for e in stream(srv) for c in e.get("choices", []))
+
+
+def test_a_bad_drafter_is_a_400_naming_it(srv: ServerThread) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for bad in ("bogus", 3, "suffix"):  # suffix: this engine was not loaded with a suffix index
+        r = srv.post("/v1/chat/completions", {**body, "drafter": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "drafter", (bad, r.text)
+    for ok in ("auto", "none", "ngram", "model", "model+ngram"):
+        r = srv.post("/v1/chat/completions", {**body, "drafter": ok})
+        assert r.status_code == 200, (ok, r.text)
+
+
+# --------------------------------------------------------------------------------------------- in a browser
+@pytest.fixture(scope="module")
+def drv() -> Iterator[Any]:
+    why = B.browser_missing()
+    if why is not None:
+        if os.environ.get("EDGESPEC_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"the browser tests must run (EDGESPEC_REQUIRE_BROWSER=1): {why}")
+        pytest.skip(f"no browser to drive: {why}")
+    d = B.chrome()
+    yield d
+    d.quit()
+
+
+def spans(drv: Any) -> list[tuple[str, str]]:
+    return B.token_spans(drv)
+
+
+def test_a_message_streams_an_answer_with_its_sources(srv: ServerThread, drv: Any) -> None:
+    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 60, "drafter": "model+ngram"})
+    B.requests_made(drv)
+    B.console_errors(drv)
+    B.send(drv, "the cat")
+    B.wait_answer(drv)
+    assert drv.execute_script("return document.querySelectorAll('.message.user').length") == 1
+    got = spans(drv)
+    kinds = Counter(s for _, s in got)
+    assert set(kinds) <= set(B.SOURCES) and kinds["target"] and (kinds["draft"] or kinds["lookup"]), kinds
+    reference = stream(srv, drafter="model+ngram", max_tokens=60, temperature=0)
+    assert "".join(t for t, _ in got) == content(reference)  # what the page shows is the answer, whole
+    stats = drv.execute_script("return document.querySelector('.message.assistant .stats').textContent")
+    assert "tok/s" in stats and "μ" in stats and "acceptance" in stats and "drafted/accepted" in stats and "model+ngram" in stats
+    # the colours: off, the markdown view shows; on, the tokens with their sources' backgrounds
+    assert drv.execute_script("return getComputedStyle(document.querySelector('.message.assistant .tokens')).display") == "none"
+    drv.find_element("css selector", "input[name=sources]").click()
+    colours = drv.execute_script(
+        "return [...document.querySelectorAll('.message.assistant span[data-source]')].map(s => [s.dataset.source, getComputedStyle(s).backgroundColor]);")
+    by = {s: {c for k, c in colours if k == s} for s in B.SOURCES}
+    assert len(by["target"]) == 1 and all(not (by[s] & by["target"]) for s in ("draft", "lookup")), by
+    drv.find_element("css selector", "input[name=sources]").click()
+    # every request the page made went to this server, and nothing broke its policy
+    made = B.requests_made(drv)
+    assert made and all(u.startswith(srv.url + "/") for u in made), made
+    assert B.console_errors(drv) == []
+
+
+def test_stop_cancels_the_generation_on_the_server(srv: ServerThread, drv: Any) -> None:
+    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 16000})
+    n_records = len(srv.state.records)
+    B.send(drv, "write forever")
+    B.wait(drv, lambda: len(spans(drv)) >= 20, what="the answer to stream")
+    drv.find_element("css selector", B.STOP).click()
+    B.wait(drv, lambda: B.idle(drv), timeout=20, what="Stop to end the answer")
+    rec = wait_for(lambda: next((r for r in list(srv.state.records)[n_records:] if r.done), None), what="the record")
+    assert rec.client_left and rec.finish_reason == "cancelled" and rec.n_generated < 16000
+    stats = drv.execute_script("return document.querySelector('.message.assistant .stats').textContent")
+    assert "stopped" in stats
+    assert drv.execute_script(f"return document.querySelector('{B.STOP}').disabled")
+
+
+def test_race_shows_the_same_text_and_a_speedup(srv: ServerThread, drv: Any) -> None:
+    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 80, "seed": 7})
+    drv.find_element("css selector", "input[name=race]").click()
+    B.send(drv, "the cat")
+    B.wait_answer(drv)
+    cols = drv.execute_script(
+        "return [...document.querySelectorAll('.race .message.assistant')].map(m => "
+        "[...m.querySelectorAll('span[data-source]')].map(s => [s.textContent, s.dataset.source]));")
+    assert len(cols) == 2
+    spec, plain = cols
+    assert "".join(t for t, _ in spec) == "".join(t for t, _ in plain) != ""
+    assert {s for _, s in plain} == {"target"} and {s for _, s in spec} - {"target"}
+    speedup = drv.execute_script("return document.querySelector('.race .speedup').dataset.speedup")
+    assert float(speedup) > 0
+    text = drv.execute_script("return document.querySelector('.race .speedup').textContent")
+    assert "two slots" in text  # this server has two: both ran at once
+
+
+HOSTILE = [
+    "<img src=x onerror=\"window.__xss=1\"> <script>window.__xss=2</script>",
+    "**bold** <img src=x onerror=window.__xss=3> [link](javascript:window.__xss=4) <iframe src=\"javascript:window.__xss=5\"></iframe>\n\n"
+    "```html\n<script>window.__xss=6</script>\n```\n\n<svg><script>window.__xss=7</script></svg>",
+]
+
+
+def test_hostile_text_stays_inert(srv: ServerThread, drv: Any) -> None:
+    conv = [{"id": "x", "title": HOSTILE[0], "messages": [
+        {"role": "user", "content": HOSTILE[0]},
+        {"role": "assistant", "content": HOSTILE[1], "sources": [[HOSTILE[1][:40], "draft"], [HOSTILE[1][40:], "target"]]},
+    ]}]
+    B.open_page(drv, srv.url)
+    drv.execute_script("localStorage.setItem('edgespec.conversations', arguments[0]);", json.dumps(conv))
+    B.open_page(drv, srv.url, clear=False)
+    B.send(drv, HOSTILE[0])  # typed in by the user, and answered
+    B.wait_answer(drv)
+    assert drv.execute_script("return window.__xss") is None
+    assert drv.execute_script("return document.querySelectorAll('#messages script, #conversations script, #title script').length") == 0
+    assert drv.execute_script("return document.querySelectorAll('[onerror], iframe, a[href^=javascript]').length") == 0
+    users = drv.execute_script("return [...document.querySelectorAll('.message.user')].map(m => m.textContent)")
+    assert users == [HOSTILE[0], HOSTILE[0]]  # shown as the text it is
+    assert drv.execute_script("return document.querySelector('#title').textContent") == HOSTILE[0]
+    md = drv.find_element("css selector", ".message.assistant .markdown")
+    assert drv.execute_script("return arguments[0].querySelector('strong').textContent", md) == "bold"
+    assert "<script>window.__xss=6</script>" in drv.execute_script("return arguments[0].querySelector('pre code').textContent", md)
+    assert "".join(t for t, _ in spans_of_first(drv)) == HOSTILE[1]
+
+
+def spans_of_first(drv: Any) -> list[tuple[str, str]]:
+    return [tuple(x) for x in drv.execute_script(
+        "return [...document.querySelector('.message.assistant').querySelectorAll('span[data-source]')]"
+        ".map(s => [s.textContent, s.dataset.source]);")]
+
+
+def test_the_page_asks_for_the_api_key_once(keyed: ServerThread, drv: Any) -> None:
+    B.open_page(drv, keyed.url)
+    B.wait(drv, lambda: drv.execute_script("return document.querySelector('#key-dialog').open"), what="the key dialog")
+    drv.find_element("css selector", "input[name=apikey]").send_keys(KEY)
+    drv.find_element("css selector", "button[name=use-key]").click()
+    B.wait(drv, lambda: "tiny-target" in drv.execute_script("return document.querySelector('#model-line').textContent"),
+           what="the model line")
+    B.send(drv, "the cat")
+    B.wait_answer(drv)
+    assert spans(drv) and not drv.execute_script("return document.querySelector('.message.assistant .error-text')")
+    B.open_page(drv, keyed.url, clear=False)  # the same tab: the key is kept for the session
+    B.wait(drv, lambda: "tiny-target" in drv.execute_script("return document.querySelector('#model-line').textContent"),
+           what="the model line")
+    assert not drv.execute_script("return document.querySelector('#key-dialog').open")
+
+
+def test_a_narrow_window_keeps_the_conversation_usable(srv: ServerThread, drv: Any) -> None:
+    drv.set_window_size(390, 800)
+    try:
+        B.open_page(drv, srv.url, settings={"max_tokens": 8})
+        rect = drv.execute_script("return document.querySelector('#sidebar').getBoundingClientRect().right")
+        assert rect <= 0  # the conversation list is off screen until the menu button opens it
+        assert drv.find_element("css selector", "button[name=menu]").is_displayed()
+        assert drv.find_element("css selector", B.MESSAGE).is_displayed() and drv.find_element("css selector", B.SEND).is_displayed()
+        assert drv.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+        drv.find_element("css selector", "button[name=menu]").click()
+        B.wait(drv, lambda: drv.execute_script("return document.querySelector('#sidebar').getBoundingClientRect().left") >= 0,
+               what="the menu to open")
+    finally:
+        drv.set_window_size(1200, 800)
+
+
+def test_screenshot_and_a_long_answer_measured(srv: ServerThread, drv: Any, tmp_path: Path) -> None:
+    """What scripts/web_page.py does for docs/, on the tiny pair; prints what it measured (asserting no timing)."""
+    got = B.demo(drv, srv.url, tmp_path / "web.png", "the cat", max_tokens=60)
+    png = (tmp_path / "web.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
+    assert got["paint"].get("first-contentful-paint", 0) > 0
+    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 1000})
+    B.watch_frames(drv)
+    B.send(drv, "the cat")
+    B.wait_answer(drv)
+    frames = B.frame_report(drv)
+    n = len(spans(drv))
+    print(f"\nfirst paint {got['paint']}; streaming {n} tokens: {frames}")
+    assert n > 500 and frames["frames"] > 0
