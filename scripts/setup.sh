@@ -44,6 +44,19 @@ else
   log "reusing wheel in $WHEELDIR"
 fi
 
+# The chat page's browser tests (tests/server/test_page.py) drive Debian's Chromium: installed here where it is missing
+# and this script can (root, apt-get); otherwise one line says so, and those tests skip (CI requires them).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing chromium and chromium-driver (the chat page's browser tests)"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2 \
+      || { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >&2; }; } \
+      || log "could not install chromium and chromium-driver with apt-get: the browser tests will skip"
+  else
+    log "no chromium/chromedriver: the browser tests will skip (install them: sudo apt-get install chromium chromium-driver)"
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating virtual environment $VENV"
   "$PY" -m venv "$VENV"

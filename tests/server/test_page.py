@@ -168,8 +168,8 @@ def test_a_message_streams_an_answer_with_its_sources(srv: ServerThread, drv: An
     assert len(by["target"]) == 1 and all(not (by[s] & by["target"]) for s in ("draft", "lookup")), by
     drv.find_element("css selector", "input[name=sources]").click()
     # every request the page made went to this server, and nothing broke its policy
-    made = B.requests_made(drv)
-    assert made and all(u.startswith(srv.url + "/") for u in made), made
+    made, blocked = B.requests_made(drv)
+    assert made and all(u.startswith(srv.url + "/") for u in made) and not blocked, (made, blocked)
     assert B.console_errors(drv) == []
 
 
@@ -208,7 +208,7 @@ def test_race_shows_the_same_text_and_a_speedup(srv: ServerThread, drv: Any) -> 
 HOSTILE = [
     "<img src=x onerror=\"window.__xss=1\"> <script>window.__xss=2</script>",
     "**bold** <img src=x onerror=window.__xss=3> [link](javascript:window.__xss=4) <iframe src=\"javascript:window.__xss=5\"></iframe>\n\n"
-    "```html\n<script>window.__xss=6</script>\n```\n\n<svg><script>window.__xss=7</script></svg>",
+    "```html\n<script>window.__xss=6</script>\n```\n\n<svg><script>window.__xss=7</script></svg> ![pixel](http://203.0.113.7/pixel.png)",
 ]
 
 
@@ -219,6 +219,7 @@ def test_hostile_text_stays_inert(srv: ServerThread, drv: Any) -> None:
     ]}]
     B.open_page(drv, srv.url)
     drv.execute_script("localStorage.setItem('edgespec.conversations', arguments[0]);", json.dumps(conv))
+    B.requests_made(drv)
     B.open_page(drv, srv.url, clear=False)
     B.send(drv, HOSTILE[0])  # typed in by the user, and answered
     B.wait_answer(drv)
@@ -232,6 +233,9 @@ def test_hostile_text_stays_inert(srv: ServerThread, drv: Any) -> None:
     assert drv.execute_script("return arguments[0].querySelector('strong').textContent", md) == "bold"
     assert "<script>window.__xss=6</script>" in drv.execute_script("return arguments[0].querySelector('pre code').textContent", md)
     assert "".join(t for t, _ in spans_of_first(drv)) == HOSTILE[1]
+    made, blocked = B.requests_made(drv)  # the answer's image on another host is not fetched (the policy's img-src)
+    assert made and all(u.startswith(srv.url + "/") for u in made), made
+    assert blocked == {"http://203.0.113.7/pixel.png": "csp"}
 
 
 def spans_of_first(drv: Any) -> list[tuple[str, str]]:

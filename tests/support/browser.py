@@ -149,14 +149,18 @@ def first_paint(drv: Any) -> dict[str, float]:
     return {name: round(t, 1) for name, t in entries}
 
 
-def requests_made(drv: Any) -> list[str]:
-    """The URLs of every request the browser sent since the last call (its network log)."""
-    out = []
+def requests_made(drv: Any) -> tuple[list[str], dict[str, str]]:
+    """What the browser's network log holds since the last call: the URLs of the requests it sent, and {URL: why} of
+    those it blocked before sending (`csp`: the page's Content-Security-Policy)."""
+    asked, blocked = {}, {}
     for entry in drv.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
+        params = msg.get("params", {})
         if msg.get("method") == "Network.requestWillBeSent":
-            out.append(msg["params"]["request"]["url"])
-    return out
+            asked[params["requestId"]] = params["request"]["url"]
+        elif msg.get("method") == "Network.loadingFailed" and params.get("blockedReason"):
+            blocked[params["requestId"]] = params["blockedReason"]
+    return [u for r, u in asked.items() if r not in blocked], {asked.get(r, r): why for r, why in blocked.items()}
 
 
 def console_errors(drv: Any) -> list[str]:
