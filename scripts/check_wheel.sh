@@ -33,6 +33,8 @@ cd "$WORK"  # away from the checkout: the installed package must stand on its ow
 import edgespec.bench as b, edgespec.models as m
 assert m.load_manifests(), "no model manifests in the wheel"
 assert len(b.load_suites()) >= 5, "no bench suites in the wheel"
+from edgespec.server import page
+assert {"index.html", "app.js", "app.css", "vendor/purify.min.js", "vendor/marked.umd.js"} <= set(page.files()), "the chat page's files are not in the wheel"
 PY
 # a tiny model to run it on, written by the tests' fixture (numpy and gguf only: edgespec still comes from the wheel)
 PYTHONPATH="$ROOT/tests" "$V/python" -c 'from support.tiny import write_tiny_set; write_tiny_set("tiny")'
