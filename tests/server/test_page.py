@@ -290,3 +290,39 @@ def test_screenshot_and_a_long_answer_measured(srv: ServerThread, drv: Any, tmp_
     n = len(spans(drv))
     print(f"\nfirst paint {got['paint']}; streaming {n} tokens: {frames}")
     assert n > 500 and frames["frames"] > 0
+
+
+def test_conversations_regenerate_edit_and_keys(srv: ServerThread, drv: Any) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 12})
+    box = drv.find_element("css selector", B.MESSAGE)
+    box.send_keys("first line", Keys.SHIFT, Keys.ENTER, Keys.SHIFT, "second line", Keys.ENTER)  # Shift+Enter: a new line
+    B.wait_answer(drv)
+    users = lambda: drv.execute_script("return [...document.querySelectorAll('.message.user')].map(m => m.textContent)")  # noqa: E731
+    answers = lambda: drv.execute_script("return document.querySelectorAll('.message.assistant').length")  # noqa: E731
+    assert users() == ["first line\nsecond line"] and answers() == 1
+    first = B.token_spans(drv)
+    drv.find_element("css selector", "button[name=regenerate]").click()  # the last answer again: greedy, the same
+    B.wait_answer(drv)
+    assert answers() == 1 and B.token_spans(drv) == first
+    drv.find_element("css selector", "button[name=edit]").click()  # the message back in the box, without its answer
+    assert users() == [] and answers() == 0
+    assert drv.find_element("css selector", B.MESSAGE).get_attribute("value") == "first line\nsecond line"
+    B.send(drv, "edited")
+    B.wait_answer(drv)
+    assert users() == ["edited"] and answers() == 1
+    # kept in the browser: a reload shows the same conversation; a new one starts empty; delete removes it
+    B.open_page(drv, srv.url, clear=False)
+    assert users() == ["edited"] and answers() == 1
+    drv.find_element("css selector", "button[name=new]").click()
+    assert users() == [] and len(drv.find_elements("css selector", "#conversations li")) == 2
+    drv.find_elements("css selector", "#conversations button[name=rename]")[1].click()
+    alert = drv.switch_to.alert
+    alert.send_keys("renamed")
+    alert.accept()
+    titles = lambda: [b.text for b in drv.find_elements("css selector", "#conversations button.open")]  # noqa: E731
+    assert titles() == ["New chat", "renamed"]
+    drv.find_elements("css selector", "#conversations button[name=delete]")[1].click()
+    drv.switch_to.alert.accept()
+    assert titles() == ["New chat"]
