@@ -178,6 +178,14 @@ def test_stop_cancels_the_generation_on_the_server(srv: ServerThread, drv: Any) 
     n_records = len(srv.state.records)
     B.send(drv, "write forever")
     B.wait(drv, lambda: len(spans(drv)) >= 20, what="the answer to stream")
+    # while it streams: the markdown is rendered as it grows, or, with the sources shown, the coloured tokens
+    shown = "return [...document.querySelectorAll('.message.assistant .' + arguments[0])].map(e => [getComputedStyle(e).display, e.textContent.length])[0]"
+    first = B.wait(drv, lambda: (lambda d, n: n > 0 and d != "none" and n)(*drv.execute_script(shown, "markdown")),
+                   what="the markdown to render while the answer streams")
+    B.wait(drv, lambda: drv.execute_script(shown, "markdown")[1] > first, what="the markdown to render again")
+    drv.find_element("css selector", "input[name=sources]").click()
+    assert drv.execute_script(shown, "markdown")[0] == "none" and drv.execute_script(shown, "tokens")[0] != "none"
+    drv.find_element("css selector", "input[name=sources]").click()
     drv.find_element("css selector", B.STOP).click()
     B.wait(drv, lambda: B.idle(drv), timeout=20, what="Stop to end the answer")
     rec = wait_for(lambda: next((r for r in list(srv.state.records)[n_records:] if r.done), None), what="the record")
@@ -282,14 +290,53 @@ def test_screenshot_and_a_long_answer_measured(srv: ServerThread, drv: Any, tmp_
     png = (tmp_path / "web.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
     assert got["paint"].get("first-contentful-paint", 0) > 0
-    B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 1000})
-    B.watch_frames(drv)
-    B.send(drv, "the cat")
-    B.wait_answer(drv)
-    frames = B.frame_report(drv)
-    n = len(spans(drv))
-    print(f"\nfirst paint {got['paint']}; streaming {n} tokens: {frames}")
-    assert n > 500 and frames["frames"] > 0
+    print(f"\nfirst paint {got['paint']}")
+    for sources in (False, True):  # the markdown rendered as it streams; the coloured tokens
+        B.open_page(drv, srv.url, settings={"temperature": 0, "max_tokens": 1000})
+        if sources:
+            drv.find_element("css selector", "input[name=sources]").click()
+        B.watch_frames(drv)
+        B.send(drv, "the cat")
+        B.wait_answer(drv)
+        frames = B.frame_report(drv)
+        n = len(spans(drv))
+        print(f"streaming {n} tokens, {'sources shown' if sources else 'markdown'}: {frames}")
+        assert n > 500 and frames["frames"] > 0
+    got = drv.execute_async_script(RENDER_COST, LONG_MARKDOWN)
+    print(f"a {len(LONG_MARKDOWN)}-character markdown answer with code rendered as it streams: {got['ms']} ms "
+          "(longest, mean, final, longest task after)")
+    # rendered piece by piece as it streamed, it ends as the whole text rendered at once (less the highlighting)
+    drv.execute_script("document.querySelector('#messages').insertAdjacentHTML('beforeend', "
+                       "'<div id=a>' + arguments[0] + '</div><div id=b>' + arguments[1] + '</div>');"
+                       "document.querySelectorAll('#a button.copy').forEach(b => b.remove());", got["html"], got["whole"])
+    a, b = (drv.execute_script(f"const e = document.querySelector('#{x}'); return [e.textContent, [...e.querySelectorAll('*')]"
+                               ".map(t => t.tagName).filter(t => t !== 'SPAN' && t !== 'BUTTON')]") for x in "ab")
+    assert a == b and a[0].count("is_palindrome") == 18 and a[1].count("PRE") == 18 and "TABLE" in a[1]
+
+
+# about 1,000 tokens of a typical answer: prose, lists, a table, code blocks with and without a language
+LONG_MARKDOWN = ("## Palindromes\n\nA *palindrome* reads the same **both ways**; `s == s[::-1]` checks it.\n\n"
+                 "- strip spaces\n- fold case\n- keep letters and digits\n\n| input | result |\n|---|---|\n| `abba` | True |\n\n"
+                 "```python\ndef is_palindrome(s: str) -> bool:\n    \"\"\"Whether s reads the same both ways.\"\"\"\n"
+                 "    t = [c.lower() for c in s if c.isalnum()]\n    return t == t[::-1]\n```\n\n"
+                 "```\nfor i in range(10):\n    print(i, is_palindrome(str(i)))\n```\n\n") * 9
+# the page's markdown rendering of LONG_MARKDOWN as it streams (rendered again every 16 characters, about 4 tokens), at
+# the end, and the longest of the highlighting tasks after it: [longest streaming render, their mean, final, task], ms
+RENDER_COST = """
+const done = arguments[arguments.length - 1];
+const text = arguments[0], el = document.createElement('div'); el.className = 'markdown';
+document.querySelector('#messages').append(el);
+const times = [], r = (x) => Math.round(x * 10) / 10;
+for (let n = 16; n < text.length; n += 16) { const t0 = performance.now(); renderMarkdown(el, text.slice(0, n), false);
+  el.offsetHeight; times.push(performance.now() - t0); }
+let t0 = performance.now(); renderMarkdown(el, text, true); el.offsetHeight; const fin = performance.now() - t0;
+let longest = 0; t0 = performance.now();
+const poll = () => { const t = performance.now(); longest = Math.max(longest, t - t0); t0 = t;
+  if (toHighlight.length) setTimeout(poll, 0);
+  else { done({ms: [r(Math.max(...times)), r(times.reduce((a, b) => a + b, 0) / times.length), r(fin), r(longest)],
+               html: el.innerHTML, whole: DOMPurify.sanitize(marked.parse(text))}); el.remove(); } };
+setTimeout(poll, 0);
+"""
 
 
 def test_conversations_regenerate_edit_and_keys(srv: ServerThread, drv: Any) -> None:

@@ -17,6 +17,7 @@ const state = {
   controllers: [],     // AbortControllers of the requests in flight (Stop aborts them: the server cancels)
   slots: 1,
   hasDraft: false,
+  live: new Set(),     // the answers streaming now: each one's redraw (the sources toggle asks them to redraw)
 };
 
 // ------------------------------------------------------------------------------------------ storage
@@ -194,8 +195,11 @@ function userMessage(m) {
   return el;
 }
 
-// An assistant answer: tokens appended as span[data-source] while it streams (batched per animation frame), then
-// rendered as sanitized markdown; the tokens stay in the page (the "sources" toggle shows them coloured).
+// An assistant answer. While it streams, its tokens are appended as span[data-source] (batched per animation frame;
+// the "sources" toggle shows them, coloured) and, when the sources are hidden, its markdown is rendered again from the
+// text so far: sanitized each time, at most once per RENDER_MS and never more than a fifth of the time (a slow render
+// waits longer), so a long answer streams without dropping frames. At the end it is rendered once more, whole.
+const RENDER_MS = 50;
 function assistantMessage(label) {
   const el = document.createElement("div");
   el.className = "message assistant";
@@ -210,22 +214,38 @@ function assistantMessage(label) {
   stats.className = "stats";
   el.append(role, tokens, md, stats);
   let pending = [], scheduled = false, text = "", sources = [];
+  let shown = -1, lastRender = -Infinity, renderCost = 0, timer = 0;
+  const schedule = () => { if (!scheduled) { scheduled = true; requestAnimationFrame(flush); } };
+  const render = (final) => {
+    const t0 = performance.now();
+    renderMarkdown(md, text, final);
+    lastRender = performance.now();
+    renderCost = lastRender - t0;
+    shown = text.length;
+  };
   const flush = () => {
     scheduled = false;
-    if (!pending.length) return;
-    const frag = document.createDocumentFragment();
-    for (const [t, s] of pending) {
-      const span = document.createElement("span");
-      span.dataset.source = s;
-      span.textContent = t;
-      frag.append(span);
-    }
-    pending = [];
     const box = $("#messages");
     const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-    tokens.append(frag);
+    if (pending.length) {
+      const frag = document.createDocumentFragment();
+      for (const [t, s] of pending) {
+        const span = document.createElement("span");
+        span.dataset.source = s;
+        span.textContent = t;
+        frag.append(span);
+      }
+      pending = [];
+      tokens.append(frag);
+    }
+    if (shown !== text.length && !document.body.classList.contains("show-sources")) {
+      const wait = lastRender + Math.max(RENDER_MS, 4 * renderCost) - performance.now();
+      if (wait <= 0) render(false);
+      else if (!timer) timer = setTimeout(() => { timer = 0; schedule(); }, wait);
+    }
     if (atBottom) box.scrollTop = box.scrollHeight;
   };
+  state.live.add(schedule);
   return {
     el,
     get text() { return text; },
@@ -233,11 +253,14 @@ function assistantMessage(label) {
     piece(t, s) {
       const src = s === "draft" || s === "lookup" ? s : "target";
       text += t; sources.push([t, src]); pending.push([t, src]);
-      if (!scheduled) { scheduled = true; requestAnimationFrame(flush); }
+      schedule();
     },
     finish(result) {
+      state.live.delete(schedule);
+      clearTimeout(timer);
+      shown = text.length;  // the flush below appends the last tokens; the markdown is rendered here, whole
       flush();
-      renderMarkdown(md, text);
+      render(true);
       el.classList.add("rendered");
       if (result.error) {
         const err = document.createElement("div");
@@ -258,12 +281,39 @@ function assistantMessage(label) {
   };
 }
 
-function renderMarkdown(el, text) {
+// The markdown of `text` into `el`, each piece of HTML sanitized by DOMPurify first. Rendered again as an answer
+// streams, only what changed is redone: the text's top-level blocks (paragraphs, lists, code blocks) whose source is
+// unchanged since the last render keep their elements, so a render costs about the last block's size, not the
+// answer's. Code blocks that name a language highlight.js knows are highlighted at once; the `final` render adds the
+// copy buttons and highlights the others (guessing their language is slow: one block per task, after the answer).
+const BLOCKS = new WeakMap();  // element -> [{raw, nodes}] of its last render
+const PURIFY = { USE_PROFILES: { html: true } };
+function renderMarkdown(el, text, final = true) {
   if (!window.DOMPurify || !window.marked) { el.textContent = text; return; }
-  el.innerHTML = DOMPurify.sanitize(marked.parse(text, { gfm: true, breaks: false }), { USE_PROFILES: { html: true } });
-  for (const a of el.querySelectorAll("a")) { a.target = "_blank"; a.rel = "noopener noreferrer"; }
+  const tokens = marked.lexer(text, { gfm: true, breaks: false });
+  const old = BLOCKS.get(el) || [], blocks = [];
+  let i = 0;
+  if (!old.length) el.replaceChildren();
+  const reuse = !final || !Object.keys(tokens.links).length;  // a reference link may be defined after its use
+  while (reuse && i < tokens.length && i < old.length && old[i].raw === tokens[i].raw) blocks.push(old[i++]);
+  for (const b of old.slice(i)) for (const n of b.nodes) n.remove();
+  for (; i < tokens.length; i++) {
+    const one = [tokens[i]];
+    one.links = tokens.links;
+    const tpl = document.createElement("template");
+    tpl.innerHTML = DOMPurify.sanitize(marked.parser(one, { gfm: true, breaks: false }), PURIFY);
+    for (const a of tpl.content.querySelectorAll("a")) { a.target = "_blank"; a.rel = "noopener noreferrer"; }
+    for (const code of tpl.content.querySelectorAll("pre > code")) {
+      const lang = (/\blanguage-(\S+)/.exec(code.className) || [])[1];
+      if (window.hljs && lang && hljs.getLanguage(lang)) highlight(code);
+    }
+    blocks.push({ raw: tokens[i].raw, nodes: [...tpl.content.childNodes] });
+    el.append(tpl.content);
+  }
+  BLOCKS.set(el, blocks);
+  if (!final) return;
   for (const code of el.querySelectorAll("pre > code")) {
-    if (window.hljs) { try { hljs.highlightElement(code); } catch { /* an unknown language stays plain */ } }
+    if (!code.dataset.highlighted) highlightLater(code);
     const copy = button("copy", "copy", async () => {
       try { await navigator.clipboard.writeText(code.textContent); copy.textContent = "copied"; }
       catch { copy.textContent = "copy failed"; }
@@ -272,6 +322,31 @@ function renderMarkdown(el, text) {
     copy.name = "copy";
     code.parentElement.append(copy);
   }
+}
+
+// The languages highlight.js guesses among for a code block that names none (fewer guesses, faster), compiled while
+// the page is idle after it loads rather than in the first answer's highlighting.
+const GUESS = ["python", "javascript", "typescript", "bash", "shell", "c", "cpp", "csharp", "java", "go", "rust", "json",
+               "yaml", "sql", "xml", "css", "markdown", "diff"];
+function prepareHighlighting() {
+  if (!window.hljs) return;
+  hljs.configure({ languages: GUESS });
+  (window.requestIdleCallback || setTimeout)(() => hljs.highlightAuto("x = 1"));
+}
+function highlight(code) {
+  try { hljs.highlightElement(code); } catch { /* an unknown language stays plain */ }
+}
+const toHighlight = [];
+function highlightLater(code) {
+  if (!window.hljs) return;
+  toHighlight.push(code);
+  if (toHighlight.length === 1) setTimeout(highlightNext, 0);
+}
+function highlightNext() {
+  const code = toHighlight[0];
+  if (code.isConnected && !code.dataset.highlighted) highlight(code);
+  toHighlight.shift();
+  if (toHighlight.length) setTimeout(highlightNext, 0);
 }
 
 function statsLine(r) {
@@ -452,6 +527,7 @@ async function connect() {
 }
 
 function start() {
+  prepareHighlighting();
   state.conversations = load(localStorage, CONV_STORE, []).filter((c) => c && Array.isArray(c.messages));
   restoreSettings();
   if (!state.conversations.length) newConversation();
@@ -480,6 +556,7 @@ function start() {
   sources.addEventListener("change", () => {
     document.body.classList.toggle("show-sources", sources.checked);
     localStorage.setItem("edgespec.showSources", sources.checked ? "1" : "0");
+    for (const redraw of state.live) redraw();
   });
   $("input[name=race]").addEventListener("change", (ev) => {
     notice(ev.target.checked && state.slots < 2
