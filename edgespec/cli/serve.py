@@ -156,6 +156,8 @@ def serve(**kw: Any) -> None:
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]
     click.echo(f"edgespec: listening on http://{shown}:{bound[1]} (OpenAI base URL http://{shown}:{bound[1]}/v1); loading the models...", err=True)
+    page = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(bound[0], shown)  # on every interface: open it on this machine
+    click.echo(f"edgespec: chat page: http://{page}:{bound[1]}/", err=True)
     if api_key is None and not is_loopback(host):
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach this port can use the models", err=True)
     if remote:  # a lost RPC server ends the process that talks to it: serve from a child this one reloads (supervise.py)

@@ -1,6 +1,6 @@
-"""`edgespec serve` as a real process (issue 20): a non-ASCII API key works as the UTF-8 bytes clients send, keys no
-client could send are refused at start; a connection that never finishes its headers is closed; two Ctrl-Cs end
-the server quietly and still run its shutdown (the suffix memory is saved)."""
+"""`edgespec serve` as a real process (issue 20): it prints the chat page's address; a non-ASCII API key works as
+the UTF-8 bytes clients send, keys no client could send are refused at start; a connection that never finishes its
+headers is closed; two Ctrl-Cs end the server quietly and still run its shutdown (the suffix memory is saved)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def test_a_non_ascii_key_is_compared_as_utf8_bytes(keyed):
     assert _status(port, {"Authorization": b"Bearer " + KEY.encode("latin-1", "replace")}) == 401
     assert _status(port, {"Authorization": b"Bearer nope"}) == 401
     assert _status(port, {}) == 401
+
+
+def test_serve_prints_the_chat_pages_address(keyed):
+    assert f"edgespec: chat page: {keyed.url}/\n" in keyed.lines
+    assert _status(_port(keyed), {}) == 401  # the API needs the key; the page itself does not
+    with socket.create_connection(("127.0.0.1", _port(keyed)), timeout=30) as c:
+        c.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert int(c.recv(64).split()[1]) == 200
 
 
 def test_a_connection_that_never_finishes_its_headers_is_closed(keyed):
