@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .metrics import Metrics
 from .core import error_response
 from .api_errors import APIError
-from .page import is_public
+from .page import PREFIX, is_public
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -58,7 +58,7 @@ class BearerAuth:
 
 
 class CountResponses:
-    """HTTP responses by route and status for /metrics (unknown paths are one label)."""
+    """HTTP responses by route and status for /metrics (the chat page's files are one label, unknown paths another)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app = app
@@ -69,7 +69,8 @@ class CountResponses:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in self.routes else "other"
+        path = scope["path"]
+        route = path if path in self.routes else PREFIX + "{name}" if path.startswith(PREFIX) else "other"  # the page's files: one label
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

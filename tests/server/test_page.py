@@ -82,6 +82,9 @@ def test_assets_have_their_types_and_nothing_else_is_served(srv: ServerThread) -
     for name in ("nope.js", "../page.py", "..%2fpage.py", "%2e%2e/core.py", "vendor", "/etc/passwd"):
         r = httpx.get(f"{srv.url}/ui/{name}")
         assert r.status_code == 404 and r.headers["content-type"] == "application/json", name
+    counted = httpx.get(srv.url + "/metrics").text  # the page's files under one route label, not "other"
+    assert 'edgespec_http_requests_total{route="/ui/{name}",code="200"}' in counted
+    assert 'edgespec_http_requests_total{route="/ui/{name}",code="404"}' in counted
     # every file the page links is shipped, and each vendored library has its licence next to it
     html = files()["index.html"][0].decode()
     for ref in ("/ui/app.css", "/ui/app.js", "/ui/vendor/purify.min.js", "/ui/vendor/marked.umd.js", "/ui/vendor/highlight.min.js"):
