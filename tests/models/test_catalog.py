@@ -1,0 +1,225 @@
+"""Discovery, names and drafts over fake Ollama, LM Studio, Hugging Face, llama.cpp and user trees holding tiny GGUFs:
+found, named, paired (a tokenizer one merge apart is not), hostile entries one line each, nothing written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from edgespec.errors import ModelsError, UnknownModelError
+from edgespec.models import Catalog, places, resolve_path, resolve_spec
+from edgespec.models import catalog as catalog_mod
+from edgespec.models.discover import Place, save_setting_dirs
+from support.tiny import MERGES, write_tiny_model
+
+BIG = {"d_model": 64, "d_ff": 128, "n_layers": 4}  # a target: 5x the parameters of a default tiny model
+
+
+def _ollama(root: Path, name: str, tag: str, blob_src: Path | None, *, ns: str = "library", digest: str | None = None) -> Path:
+    """An Ollama manifest for name:tag whose model layer is blob_src's bytes (stored as blobs/sha256-<hex>)."""
+    if digest is None:
+        assert blob_src is not None
+        data = blob_src.read_bytes()
+        hexd = hashlib.sha256(data).hexdigest()
+        (root / "blobs").mkdir(parents=True, exist_ok=True)
+        (root / "blobs" / f"sha256-{hexd}").write_bytes(data)
+        digest = f"sha256:{hexd}"
+    m = root / "manifests" / "registry.ollama.ai" / ns / name / tag
+    m.parent.mkdir(parents=True, exist_ok=True)
+    m.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.license", "digest": "sha256:" + "0" * 64},
+        {"mediaType": "application/vnd.ollama.image.model", "digest": digest}]}))
+    return m
+
+
+@pytest.fixture()
+def home(tmp_path: Path) -> dict[str, Path]:
+    """A fake home with every kind of tree; the files it made, by role."""
+    h = tmp_path / "home"
+    src = tmp_path / "src"
+    src.mkdir()
+    target = write_tiny_model(src / "target.gguf", seed=1, name="tiny-big", **BIG)
+    draft = write_tiny_model(src / "draft.gguf", seed=2, name="tiny-small")
+    other_merge = write_tiny_model(src / "merge.gguf", seed=3, name="tiny-merge", merges=[*MERGES[:-1], "o n"])
+    ollama = h / ".ollama" / "models"
+    _ollama(ollama, "tinybig", "latest", target)
+    _ollama(ollama, "tinysmall", "q8", draft, ns="someone")
+    _ollama(ollama, "escape", "latest", None, digest="sha256:../../../../etc/passwd")
+    (ollama / "blobs" / ("sha256-" + "e" * 64)).write_bytes(b"")  # a 0-byte blob
+    _ollama(ollama, "empty", "latest", None, digest="sha256:" + "e" * 64)
+    (ollama / "blobs" / ("sha256-" + "d" * 64)).mkdir()  # a directory where the blob file is expected
+    _ollama(ollama, "isdir", "latest", None, digest="sha256:" + "d" * 64)
+    lms = h / ".lmstudio" / "models" / "pub" / "repo"
+    lms.mkdir(parents=True)
+    write_tiny_model(lms / "small-lms.gguf", seed=4, name="tiny-lms", layer_scale=0.3)
+    (lms / "mmproj-small.gguf").write_bytes(b"GGUF")  # a vision projector: not listed
+    hf = h / ".cache" / "huggingface" / "hub" / "models--org--repo"
+    (hf / "blobs").mkdir(parents=True)
+    (hf / "refs").mkdir()
+    (hf / "refs" / "main").write_text("abc123")
+    (hf / "blobs" / "b1").write_bytes(other_merge.read_bytes())
+    (hf / "snapshots" / "abc123").mkdir(parents=True)
+    (hf / "snapshots" / "abc123" / "merge.gguf").symlink_to("../../blobs/b1")
+    lc = h / ".cache" / "llama.cpp"
+    lc.mkdir(parents=True)
+    write_tiny_model(lc / "org_repo_split.gguf", seed=5, name="tiny-split", split_max_tensors=8)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "loop-a.gguf").symlink_to(mine / "loop-b.gguf")
+    (mine / "loop-b.gguf").symlink_to(mine / "loop-a.gguf")
+    with open(mine / "sparse.gguf", "wb") as fh:  # 2 GB, a bad header, almost no disk
+        fh.write(b"NOTGGUF!")
+        fh.truncate(2 * 1024**3)
+    os.mkfifo(mine / "fifo.gguf")
+    (mine / "linkdir").symlink_to(lc)  # directory symlinks are not followed
+    return {"home": h, "mine": mine, "target": target, "draft": draft}
+
+
+def _where(home: dict[str, Path]) -> list[Place]:
+    return places({"EDGESPEC_MODEL_DIRS": str(home["mine"])}, home["home"], system=False)
+
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under root: kind, size, mtime, and the bytes' digest for small regular files."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            digest = None
+            if os.path.isfile(p) and not os.path.islink(p) and st.st_size < 1 << 24:
+                digest = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+            out[p] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+def test_found_named_and_hostile_entries_one_line_each_nothing_written(home, tmp_path):
+    before = {**_snapshot(home["home"]), **_snapshot(home["mine"])}
+    cat = Catalog(_where(home), cache=tmp_path / "cache" / "models.json")
+    models = {m.name: m for m in cat.models()}
+    assert {**_snapshot(home["home"]), **_snapshot(home["mine"])} == before
+    good = {n for n, m in models.items() if m.error is None}
+    assert good == {"tinybig:latest", "someone/tinysmall:q8", "small-lms", "merge", "org_repo_split"}
+    assert models["tinybig:latest"].names == ["ollama:tinybig:latest"]
+    assert models["tinybig:latest"].parameters > 4 * models["someone/tinysmall:q8"].parameters
+    assert models["small-lms"].names == ["lmstudio:pub/repo/small-lms.gguf"]
+    assert models["merge"].names == ["hf:org/repo/merge.gguf"]
+    split = models["org_repo_split"]
+    assert len(split.paths) == 3 and split.names == ["llamacpp:org_repo_split-00001-of-00003.gguf"]
+    assert split.parameters == models["someone/tinysmall:q8"].parameters  # every part's tensors counted
+    assert not any("mmproj" in n for m in models.values() for n in m.names)
+    assert not any("linkdir" in n for m in models.values() for n in m.names)
+    errors = {m.name: m.error for m in models.values() if m.error}
+    assert "not a sha256 digest" in errors["escape:latest"]
+    assert "empty file" in errors["empty:latest"]
+    assert "directory" in errors["isdir:latest"]
+    assert "symlink loop" in errors["loop-a"] and "symlink loop" in errors["loop-b"]
+    assert "bad magic" in errors["sparse"]
+    assert "FIFO" in errors["fifo"]
+    assert all("\n" not in e for e in errors.values())
+
+
+def test_pairs_share_the_tokenizer_checked_not_guessed(home, tmp_path):
+    cat = Catalog(_where(home), cache=tmp_path / "models.json")
+    ranked = cat.drafts_for("tinybig:latest")
+    names = [d.name for d, _ in ranked]
+    # the same tokenizer, fewer parameters; the model one merge apart and the target itself are not drafts
+    assert set(names) == {"someone/tinysmall:q8", "small-lms", "org_repo_split"}
+    assert "merge" not in names
+    merge = cat.find("merge")
+    assert merge.tokenizer != cat.find("tinybig:latest").tokenizer and merge.tokens == cat.find("tinybig:latest").tokens
+    assert [s for _, s in ranked] == sorted((s for _, s in ranked), reverse=True) and ranked[0][1] > 1
+    assert cat.best_draft("tinybig:latest") is ranked[0][0]
+    assert cat.drafts_for("someone/tinysmall:q8") == []  # nothing smaller shares its tokenizer
+    assert cat.best_draft("merge") is None
+
+
+def test_names_short_full_and_close_matches(home, tmp_path):
+    cat = Catalog(_where(home), cache=tmp_path / "models.json")
+    t = cat.find("tinybig:latest")
+    assert cat.find("ollama:tinybig:latest") is t and cat.find("ollama:tinybig") is t and cat.find("tinybig") is t
+    assert cat.find("TINYBIG:latest") is t
+    assert cat.find("hf:org/repo/merge.gguf") is cat.find("merge")
+    assert cat.find(str(t.path)) is t  # a path to a discovered file is that model
+    with pytest.raises(UnknownModelError) as e:
+        cat.find("tinybigg")
+    assert isinstance(e.value, ModelsError) and "tinybig:latest" in e.value.close_matches
+    assert "close matches" in str(e.value)
+    spec = cat.spec("small-lms", n_ctx=256)
+    assert spec.path == str(cat.find("small-lms").path) and spec.n_ctx == 256
+    with pytest.raises(ModelsError, match="empty file"):
+        cat.spec("empty:latest")
+
+
+def test_short_names_stay_unique_across_sources(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    write_tiny_model(a / "same.gguf", seed=1)
+    write_tiny_model(b / "same.gguf", seed=2)
+    cat = Catalog([Place("lmstudio", a), Place("folder", b)], use_cache=False)
+    assert sorted(m.name for m in cat.models()) == ["folder:same", "lmstudio:same"]
+
+
+def test_the_cache_is_used_warm_and_refreshed_when_a_file_changes(home, tmp_path, monkeypatch):
+    cache = tmp_path / "models.json"
+    first = {m.name: m.as_dict() for m in Catalog(_where(home), cache=cache).models()}
+    assert cache.is_file()
+
+    def no_reading(*a, **k):
+        raise AssertionError("a header was read although the cache has it")
+
+    monkeypatch.setattr(catalog_mod, "_read_record", no_reading)
+    warm = Catalog(_where(home), cache=cache)
+    assert {m.name: m.as_dict() for m in warm.models()} == first
+    warm.drafts_for("tinybig:latest")  # pair verdicts cached too
+    monkeypatch.undo()
+    lms = home["home"] / ".lmstudio" / "models" / "pub" / "repo" / "small-lms.gguf"
+    write_tiny_model(lms, seed=4, name="tiny-lms", merges=[*MERGES, "o n"])
+    again = Catalog(_where(home), cache=cache)
+    assert again.find("small-lms").tokenizer != first["small-lms"]["tokenizer"]
+    assert "small-lms" not in [d.name for d, _ in again.drafts_for("tinybig:latest")]
+
+
+def test_a_damaged_cache_is_rebuilt(home, tmp_path):
+    cache = tmp_path / "models.json"
+    cache.write_text("{not json")
+    assert any(m.name == "tinybig:latest" for m in Catalog(_where(home), cache=cache).models())
+    assert json.loads(cache.read_text())["format"] == catalog_mod.FORMAT
+
+
+def test_places_follow_the_environment_and_settings(tmp_path, monkeypatch):
+    h = tmp_path / "h"
+    for d in ("om", "hfh/hub", "hub2", "lc", ".lmstudio", "lmsdl", "extra1", "extra2", "set"):
+        (h / d).mkdir(parents=True)
+    (h / ".lmstudio" / "settings.json").write_text(json.dumps({"downloadsFolder": str(h / "lmsdl")}))
+    env = {"OLLAMA_MODELS": str(h / "om"), "HF_HOME": str(h / "hfh"), "LLAMA_CACHE": str(h / "lc"),
+           "EDGESPEC_MODEL_DIRS": os.pathsep.join([str(h / "extra1"), str(h / "extra2")])}
+    monkeypatch.setenv("EDGESPEC_DATA_DIR", str(tmp_path / "data"))
+    save_setting_dirs([str(h / "set")])
+    got = [(p.source, p.root) for p in places(env, h, system=False)]
+    assert got == [("ollama", h / "om"), ("lmstudio", h / "lmsdl"), ("hf", h / "hfh" / "hub"), ("llamacpp", h / "lc"),
+                   ("folder", h / "extra1"), ("folder", h / "extra2"), ("folder", h / "set")]
+    env["HF_HUB_CACHE"] = str(h / "hub2")
+    assert ("hf", h / "hub2") in [(p.source, p.root) for p in places(env, h, system=False)]
+
+
+def test_paths_and_the_default_pair_resolve_as_before(home, tmp_path):
+    target = home["target"]
+    assert resolve_path(str(target), "target") == target  # a path: as given, no catalog
+    assert resolve_spec(str(target), n_ctx=128).path == str(target)
+    with pytest.raises(ModelsError, match="model file not found"):
+        resolve_path(str(tmp_path / "nope.gguf"), "target")
+    cat = Catalog(_where(home), use_cache=False)
+    assert resolve_path("tinybig:latest", "target", cat) == cat.find("tinybig:latest").path
+    from edgespec.config import ModelSpec
+
+    assert resolve_spec(ModelSpec("small-lms", n_ctx=64), cat).path == str(cat.find("small-lms").path)
+    with pytest.raises(UnknownModelError):
+        resolve_path("no-such-model", "target", cat)
+    with pytest.raises(ModelsError, match="empty file"):
+        resolve_path("empty:latest", "draft", cat)
