@@ -169,7 +169,8 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
 def _choose_draft(target: str | None, draft: str | None, tpath: Path) -> Path | None:
     """The draft file for --draft `draft` with target `tpath`. An explicit --target without --draft: the default
     pair's draft when the target is the default pair's, else 'auto'. 'auto': the best discovered draft, or none
-    (the n-gram lookup); which, said once on stderr."""
+    (the n-gram lookup); which, said once on stderr (nothing is said when no discovered model shares the target's
+    tokenizer: the lookup, as it was without a default draft)."""
     from edgespec.errors import ModelsError
     from edgespec.models import Catalog, resolve_path
 
@@ -193,9 +194,9 @@ def _choose_draft(target: str | None, draft: str | None, tpath: Path) -> Path | 
     if best is not None:
         click.echo(f"note: --draft auto: {best.name} ({best.source}, expected x{ranked[0][1]:.2f}) drafts for {os.path.basename(tpath)}", err=True)
         return best.path
-    why = (f"the best, {ranked[0][0].name}, is expected x{ranked[0][1]:.2f} here" if ranked
-           else "no discovered model shares its tokenizer")
-    click.echo(f"note: --draft auto: no draft model for {os.path.basename(tpath)} ({why}); using the n-gram lookup", err=True)
+    if ranked:  # nothing shares the tokenizer: the n-gram lookup, as without a default draft before (no note)
+        click.echo(f"note: --draft auto: no draft model for {os.path.basename(tpath)} (the best, {ranked[0][0].name}, "
+                   f"is expected x{ranked[0][1]:.2f} here); using the n-gram lookup", err=True)
     return None
 
 
