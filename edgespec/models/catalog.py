@@ -60,6 +60,7 @@ class Discovered:
     label: str | None = None  # general.name
     error: str | None = None
     key: str = field(default="", repr=False)  # path|size|mtime of the first part: the cache's key
+    ident: tuple[int, int] = field(default=(0, 0), repr=False)  # (device, inode) of the first part's file
 
     @property
     def path(self) -> Path:
@@ -89,8 +90,7 @@ class Catalog:
         if self._models is None:
             where = self._where if self._where is not None else places(own=models_dir())
             self._table = self._read_table()
-            found = _merge_same_files(scan(where))
-            self._models = [self._describe(f) for f in found]
+            self._models = _merge_same_files([self._describe(f) for f in scan(where)])
             _short_names(self._models)
             self._save()
         return self._models
@@ -113,7 +113,7 @@ class Catalog:
             real = None
         if real is not None:
             for m in models:
-                if os.path.realpath(m.path) == real:
+                if not m.error and os.path.realpath(m.path) == real:
                     return m
             d = self._describe(Found("path", [str(p)], [p], base=p.stem))
             d.name = str(p)
@@ -134,7 +134,7 @@ class Catalog:
         for d in self.models():
             if d is t or d.error or d.tokenizer != t.tokenizer or not (0 < d.parameters < t.parameters):
                 continue
-            if os.path.realpath(d.path) == os.path.realpath(t.path) or not self._compatible(t, d):
+            if d.ident == t.ident or not self._compatible(t, d):
                 continue
             out.append((d, expected_speedup(t, d)))
         out.sort(key=lambda pair: (-pair[1], pair[0].name))
@@ -188,7 +188,8 @@ class Catalog:
             d.error = _stat_error(f.paths[0], e)
             return d
         d.size = sum(s.st_size for s in st)
-        d.key = f"{os.path.realpath(f.paths[0])}|{st[0].st_size}|{st[0].st_mtime_ns}|{len(f.paths)}"
+        d.ident = (st[0].st_dev, st[0].st_ino)
+        d.key = f"{os.path.abspath(f.paths[0])}|{st[0].st_size}|{st[0].st_mtime_ns}|{len(f.paths)}"
         rec = self._table["files"].get(d.key)
         if not isinstance(rec, dict):
             rec = _read_record(f.paths)
@@ -312,22 +313,19 @@ def _apply_record(d: Discovered, rec: dict[str, Any]) -> None:
     d.label = rec.get("label")
 
 
-def _merge_same_files(found: list[Found]) -> list[Found]:
+def _merge_same_files(models: list[Discovered]) -> list[Discovered]:
     """One entry per file: a model seen in two places (a folder added that is LM Studio's) keeps the first's
     source and gets the other's names."""
-    seen: dict[str, Found] = {}
+    seen: dict[tuple[int, int], Discovered] = {}
     out = []
-    for f in found:
-        try:
-            real = os.path.realpath(f.paths[0]) if not f.error else None
-        except (OSError, ValueError):
-            real = None
-        if real is not None and real in seen:
-            seen[real].names += [n for n in f.names if n not in seen[real].names]
+    for m in models:
+        first = seen.get(m.ident) if m.key else None
+        if first is not None:
+            first.names += [n for n in m.names if n not in first.names]
             continue
-        if real is not None:
-            seen[real] = f
-        out.append(f)
+        if m.key:
+            seen[m.ident] = m
+        out.append(m)
     return out
 
 
