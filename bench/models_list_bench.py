@@ -72,11 +72,12 @@ def timed_cli(env: dict[str, str]) -> tuple[float, str]:
     return dt, p.stdout
 
 
-def timed_inprocess(env: dict[str, str]) -> float:
+def timed_inprocess(env: dict[str, str]) -> tuple[float, int]:
     code = ("import time; t=time.perf_counter(); from edgespec.models import Catalog; n=len(Catalog().models()); "
             "print(time.perf_counter()-t, n)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=True)
-    return float(p.stdout.split()[0])
+    seconds, n = p.stdout.split()
+    return float(seconds), int(n)
 
 
 def main() -> None:
@@ -103,14 +104,13 @@ def main() -> None:
                 p = resolve_model(None, role)
                 (real / p.name).symlink_to(p)
             env["EDGESPEC_MODEL_DIRS"] = str(real)
-        cold, out = timed_cli(env)
-        n_listed = sum(1 for ln in out.splitlines() if ln.split()[:1] and not ln.startswith(("NAME", "PAIR", "*")))
+        cold, _ = timed_cli(env)
         warm = [timed_cli(env)[0] for _ in range(args.runs)]
         (Path(tmp) / "cache" / "models.json").unlink()
-        cold_in = timed_inprocess(env)
-        warm_in = [timed_inprocess(env) for _ in range(args.runs)]
+        cold_in, n_found = timed_inprocess(env)
+        warm_in = [timed_inprocess(env)[0] for _ in range(args.runs)]
         import_only = [timed_import(env) for _ in range(args.runs)]
-    result = {"files": args.files + (2 if args.real else 0), "listed_lines": n_listed, "build_s": round(built, 2),
+    result = {"files": args.files + (2 if args.real else 0), "models_found": n_found, "build_s": round(built, 2),
               "cli_cold_s": round(cold, 3), "cli_warm_median_s": round(statistics.median(warm), 3),
               "cli_warm_s": [round(w, 3) for w in warm], "catalog_cold_s": round(cold_in, 3),
               "catalog_warm_median_s": round(statistics.median(warm_in), 3),

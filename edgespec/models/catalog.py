@@ -16,6 +16,7 @@ import difflib
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -84,16 +85,25 @@ class Catalog:
         self._models: list[Discovered] | None = None
         self._table: dict[str, Any] = {"format": FORMAT, "files": {}, "pairs": {}}
         self._dirty = False
+        self._lock = threading.RLock()  # a server asks from several threads
 
     # ----------------------------------------------------------------------------------------- listing
     def models(self) -> list[Discovered]:
-        if self._models is None:
-            where = self._where if self._where is not None else places(own=models_dir())
-            self._table = self._read_table()
-            self._models = _merge_same_files([self._describe(f) for f in scan(where)])
-            _short_names(self._models)
-            self._save()
-        return self._models
+        """Every model found, as of the first call (or the last refresh)."""
+        with self._lock:
+            if self._models is None:
+                where = self._where if self._where is not None else places(own=models_dir())
+                self._table = self._read_table()
+                models = _merge_same_files([self._describe(f) for f in scan(where)])
+                _short_names(models)
+                self._models = models
+                self._save()
+            return self._models
+
+    def refresh(self) -> None:
+        """Look again on the next call (a long-running server: models pulled or removed since)."""
+        with self._lock:
+            self._models = None
 
     def find(self, name_or_path: str | os.PathLike[str]) -> Discovered:
         """The model a name (short or full) or a path means; UnknownModelError with the close matches when none."""
@@ -138,7 +148,8 @@ class Catalog:
                 continue
             out.append((d, expected_speedup(t, d)))
         out.sort(key=lambda pair: (-pair[1], pair[0].name))
-        self._save()
+        with self._lock:
+            self._save()
         return out
 
     def best_draft(self, target: Discovered | str) -> Discovered | None:

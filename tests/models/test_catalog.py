@@ -63,6 +63,7 @@ def test_found_named_and_hostile_entries_one_line_each_nothing_written(home, tmp
     assert "symlink loop" in errors["loop-a"] and "symlink loop" in errors["loop-b"]
     assert "bad magic" in errors["sparse"]
     assert "FIFO" in errors["fifo"]
+    assert "truncated" in errors["trunc"]
     assert all("\n" not in e for e in errors.values())
 
 
@@ -166,3 +167,39 @@ def test_paths_and_the_default_pair_resolve_as_before(home, tmp_path):
         resolve_path("no-such-model", "target", cat)
     with pytest.raises(ModelsError, match="empty file"):
         resolve_path("empty:latest", "draft", cat)
+
+
+def test_the_same_file_in_two_places_is_one_model_with_both_names(home, tmp_path):
+    lms = home["home"] / ".lmstudio" / "models"
+    where = places({"EDGESPEC_MODEL_DIRS": str(lms / "pub")}, home["home"], system=False)
+    models = [m for m in Catalog(where, use_cache=False).models() if m.name == "small-lms"]
+    assert len(models) == 1 and models[0].names == ["lmstudio:pub/repo/small-lms.gguf", "folder:pub/repo/small-lms.gguf"]
+
+
+def test_a_measured_curve_ranks_instead_of_the_size_ratio(home, tmp_path, monkeypatch):
+    """The cost curve an engine cached for exactly this pair on this machine (calibration.json) replaces the size
+    ratio: a draft measured as slow as the target is not expected to pay, so auto takes none."""
+    monkeypatch.setenv("EDGESPEC_CACHE_DIR", str(tmp_path / "c"))
+    cat = Catalog(_where(home), use_cache=False)
+    t, d = cat.find("tinybig:latest"), cat.find("small-lms")
+    by_size = catalog_mod.expected_speedup(t, d)
+    assert by_size > 1 and catalog_mod.measured_curve(t, d) is None
+    key = json.dumps([[str(t.path), t.size, 0, 1, 0, 512], [str(d.path), d.size, 0, 1, 0, 512], [1, 2], "build"])
+    slow = {"verify": {str(n): 0.01 * (1 + 0.1 * n) for n in range(1, 10)}, "draft": 0.01, "when": 1.0}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "calibration.json").write_text(json.dumps({"format": 2, "entries": {key: slow}}))
+    assert catalog_mod.measured_curve(t, d) is not None
+    assert catalog_mod.expected_speedup(t, d) < 1
+    assert [m.name for m, _ in cat.drafts_for(t)][-1] == "small-lms"  # still listed, last
+    fast = {**slow, "draft": 0.0005}
+    (tmp_path / "c" / "calibration.json").write_text(json.dumps({"format": 2, "entries": {key: fast}}))
+    assert catalog_mod.expected_speedup(t, d) > by_size
+
+
+def test_refresh_sees_models_added_since(home, tmp_path):
+    cat = Catalog(_where(home), use_cache=False)
+    assert "later" not in {m.name for m in cat.models()}
+    write_tiny_model(home["mine"] / "later.gguf", seed=8)
+    assert "later" not in {m.name for m in cat.models()}  # as of the first call
+    cat.refresh()
+    assert cat.find("later").error is None

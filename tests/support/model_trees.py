@@ -1,6 +1,6 @@
 """Fake model trees for discovery tests: an Ollama store, LM Studio, Hugging Face and llama.cpp caches and a user
 folder in a temporary home, holding tiny GGUFs (support.tiny) and hostile entries (a manifest pointing outside its
-blobs, a 0-byte blob, a directory where a blob belongs, a symlink loop, a 2 GB sparse file with a bad header, a
+blobs, a 0-byte blob, a truncated file, a directory where a blob belongs, a symlink loop, a 2 GB sparse file with a bad header, a
 FIFO). Tests run as root, where permissions deny nothing: the FIFO and the directory stand in for unreadable files."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from .tiny import MERGES, write_tiny_model
+from .tiny import MERGES, write_tiny_model, write_truncated_copy
 
 BIG = {"d_model": 64, "d_ff": 128, "n_layers": 4}  # a target: 5x the parameters of a default tiny model
 
@@ -70,6 +70,7 @@ def write_model_trees(tmp_path: Path) -> dict[str, Path]:
         fh.write(b"NOTGGUF!")
         fh.truncate(2 * 1024**3)
     os.mkfifo(mine / "fifo.gguf")
+    write_truncated_copy(draft, mine / "trunc.gguf", keep_fraction=0.001)  # cut inside the header
     (mine / "linkdir").symlink_to(lc)  # directory symlinks are not followed
     return {"home": h, "mine": mine, "target": target, "draft": draft}
 
