@@ -140,3 +140,24 @@ def test_the_default_pair_and_a_path_load_as_before(trees, tmp_path):
         assert "draft" in json.loads(p.stdout)["stats"]["threads"], (args, p.stdout[:3000])  # a draft model loaded
     p = _run([*GEN, "--target", str(t["target"])], env)  # a path to a model outside the pair: auto
     assert p.returncode == 0 and "--draft auto" in p.stderr, p.stderr
+
+
+def test_serve_a_model_by_name_reports_that_name(trees, monkeypatch):
+    import httpx
+
+    from support.serve_process import ServeProcess
+
+    t, env = trees
+    for k in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "LLAMA_CACHE", "EDGESPEC_TARGET", "EDGESPEC_DRAFT"):
+        monkeypatch.delenv(k, raising=False)
+    for k in ("HOME", "EDGESPEC_CACHE_DIR", "EDGESPEC_DATA_DIR", "EDGESPEC_MODEL_DIRS"):
+        monkeypatch.setenv(k, env[k])
+    s = ServeProcess(["--target", "tinybig:latest", "--ctx", "256", "--threads", "1", "--parallel", "1"], timeout=120)
+    try:
+        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == ["tinybig:latest"]
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                       json={"model": "tinybig:latest", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["model"] == "tinybig:latest"
+        assert any("--draft auto" in ln and "drafts for" in ln for ln in s.lines), s.lines
+    finally:
+        s.stop()
