@@ -16,6 +16,7 @@ import difflib
 import json
 import math
 import os
+import stat
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -262,7 +263,9 @@ def _read_record(paths: list[Path]) -> dict[str, Any]:
         info = _full_info(paths)
     except EdgespecError as e:
         return {"error": _strip_path(str(e), paths[0])}
-    except (OSError, ValueError, KeyError, TypeError, MemoryError, OverflowError) as e:
+    except OSError as e:
+        return {"error": f"cannot read ({e.strerror or e})"}
+    except (ValueError, KeyError, TypeError, MemoryError, OverflowError) as e:
         return {"error": f"damaged GGUF header ({type(e).__name__}: {str(e)[:120]})"}
     return {"architecture": info.architecture, "parameters": info.n_params, "quantization": info.quantization,
             "context_length": info.context_length, "tokenizer": tokenizer_family(info),
@@ -298,6 +301,9 @@ def _full_info(paths: list[Path]) -> Any:
     except ModelFileError as e:
         if "tensor" not in str(e):
             raise
+    for p in paths[1:]:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # a FIFO is never opened
+            raise ModelFileError(f"{p}: split part is not a regular file")
     try:
         headers = [read_header(p) for p in paths]
         first = header_info(paths[0], headers[0])

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from edgespec.fsutil import read_json_file
+from edgespec.fsutil import read_json_file, read_regular_bytes
 from edgespec.paths import data_dir
 
 SOURCES = ("edgespec", "ollama", "lmstudio", "hf", "llamacpp", "folder")
@@ -213,8 +213,7 @@ def _scan_hf(root: Path) -> list[Found]:
 
 def _read_ref(path: Path) -> str | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(200).strip() or None
+        return read_regular_bytes(path, 200).decode("utf-8", "replace").strip() or None  # a FIFO is never waited on
     except OSError:
         return None
 

@@ -64,6 +64,9 @@ def test_found_named_and_hostile_entries_one_line_each_nothing_written(home, tmp
     assert "bad magic" in errors["sparse"]
     assert "FIFO" in errors["fifo"]
     assert "truncated" in errors["trunc"]
+    assert "manifest cannot be read" in errors["fifo:latest"]
+    assert "not a regular file" in errors["fsplit"]
+    assert "truncated" in errors["f"]  # listed although its repo's refs/main is a FIFO
     assert all("\n" not in e for e in errors.values())
 
 

@@ -48,6 +48,9 @@ def write_model_trees(tmp_path: Path) -> dict[str, Path]:
     write_ollama(ollama, "empty", "latest", None, digest="sha256:" + "e" * 64)
     (ollama / "blobs" / ("sha256-" + "d" * 64)).mkdir()  # a directory where the blob file is expected
     write_ollama(ollama, "isdir", "latest", None, digest="sha256:" + "d" * 64)
+    fifo_manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "fifo"
+    fifo_manifest.mkdir()
+    os.mkfifo(fifo_manifest / "latest")  # never waited on
     lms = h / ".lmstudio" / "models" / "pub" / "repo"
     lms.mkdir(parents=True)
     write_tiny_model(lms / "small-lms.gguf", seed=4, name="tiny-lms", layer_scale=0.3)
@@ -59,6 +62,11 @@ def write_model_trees(tmp_path: Path) -> dict[str, Path]:
     (hf / "blobs" / "b1").write_bytes(other_merge.read_bytes())
     (hf / "snapshots" / "abc123").mkdir(parents=True)
     (hf / "snapshots" / "abc123" / "merge.gguf").symlink_to("../../blobs/b1")
+    fr = h / ".cache" / "huggingface" / "hub" / "models--org--fiforef"
+    (fr / "refs").mkdir(parents=True)
+    os.mkfifo(fr / "refs" / "main")  # never waited on
+    (fr / "snapshots" / "r1").mkdir(parents=True)
+    (fr / "snapshots" / "r1" / "f.gguf").write_bytes(b"GGUF")
     lc = h / ".cache" / "llama.cpp"
     lc.mkdir(parents=True)
     write_tiny_model(lc / "org_repo_split.gguf", seed=5, name="tiny-split", split_max_tensors=8)
@@ -71,6 +79,10 @@ def write_model_trees(tmp_path: Path) -> dict[str, Path]:
         fh.truncate(2 * 1024**3)
     os.mkfifo(mine / "fifo.gguf")
     write_truncated_copy(draft, mine / "trunc.gguf", keep_fraction=0.001)  # cut inside the header
+    first = write_tiny_model(mine / "fsplit.gguf", seed=6, split_max_tensors=8)
+    part2 = first.with_name(first.name.replace("-00001-", "-00002-"))
+    part2.unlink()
+    os.mkfifo(part2)  # a split part that is a FIFO
     (mine / "linkdir").symlink_to(lc)  # directory symlinks are not followed
     return {"home": h, "mine": mine, "target": target, "draft": draft}
 
