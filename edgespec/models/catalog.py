@@ -2,7 +2,8 @@
 headers only), cached by path, size and mtime; the drafts that share each target's tokenizer, ranked by the speedup
 they can be expected to give.
 
-    Catalog()                    models(), find(name_or_path), drafts_for(target), best_draft(target), spec(d)
+    Catalog()                    models(), find(name_or_path), drafts_for(target), best_draft(target), spec(d),
+                                 pair_specs(name) (a target and its best draft, as a server loads them), refresh()
     resolve_path(name, role)     what --target/--draft NAME loads: a path as before, a pair or manifest file name as
                                  before (store.resolve_model), else a discovered model's name
     resolve_spec(spec_or_name)   the same for the API: a ModelSpec whose path is a name gets the model's path
@@ -188,6 +189,15 @@ class Catalog:
         if m.error:
             raise ModelsError(f"{m.name}: {m.error}")
         return ModelSpec(str(m.path), **kw)
+
+    def pair_specs(self, model: Discovered | str, draft_kw: dict[str, Any] | None = None,
+                   **kw: Any) -> tuple[ModelSpec, ModelSpec | None, Discovered | None]:
+        """What a server loads for a request naming `model`: the target's ModelSpec (kw), its best draft's
+        (draft_kw, default kw) or None, and that draft."""
+        m = model if isinstance(model, Discovered) else self.find(model)
+        target = self.spec(m, **kw)
+        d = self.best_draft(m)
+        return target, (self.spec(d, **(kw if draft_kw is None else draft_kw)) if d is not None else None), d
 
     # ----------------------------------------------------------------------------------------- the cache
     def _describe(self, f: Found) -> Discovered:

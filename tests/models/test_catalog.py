@@ -206,3 +206,33 @@ def test_refresh_sees_models_added_since(home, tmp_path):
     assert "later" not in {m.name for m in cat.models()}  # as of the first call
     cat.refresh()
     assert cat.find("later").error is None
+
+
+def test_pair_specs_give_a_target_and_its_best_draft(home, tmp_path):
+    cat = Catalog(_where(home), use_cache=False)
+    t, d, which = cat.pair_specs("tinybig", n_ctx=256)
+    assert t.path == str(cat.find("tinybig:latest").path) and t.n_ctx == 256
+    assert which is cat.best_draft("tinybig:latest") and d is not None and d.path == str(which.path)
+    t, d, which = cat.pair_specs("merge", draft_kw={"n_ctx": 64})
+    assert d is None and which is None
+
+
+def test_a_file_that_cannot_be_opened_is_one_line(tmp_path, monkeypatch):
+    """Tests run as root, which chmod cannot deny: the reader's open is made to fail as it would for another user."""
+    import builtins
+    import errno
+
+    from edgespec.llama import gguf_check
+
+    (tmp_path / "m").mkdir()
+    denied = write_tiny_model(tmp_path / "m" / "denied.gguf", seed=21)
+    real_open = builtins.open
+
+    def fake_open(path, *a, **k):
+        if str(path) == str(denied):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(gguf_check, "open", fake_open, raising=False)
+    m = Catalog([Place("folder", tmp_path / "m")], use_cache=False).find("denied")
+    assert m.error == "cannot read (Permission denied)"
