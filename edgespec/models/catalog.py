@@ -28,7 +28,7 @@ from edgespec.errors import EdgespecError, ModelsError, UnknownModelError
 from edgespec.fsutil import atomic_write_text, read_json_file
 from edgespec.paths import cache_dir
 
-from .discover import Found, Place, places, scan
+from .discover import SOURCES, Found, Place, places, scan
 from .manifest import find_file, load_manifests
 from .store import models_dir, resolve_model
 
@@ -442,7 +442,8 @@ def resolve_path(name: str | os.PathLike[str] | None, role: str, catalog: Catalo
     try:
         m = (catalog or Catalog()).find(text)
     except UnknownModelError:
-        if os.sep in text or text.lower().endswith(".gguf") and ":" not in text:
+        named = text.split(":", 1)[0] in SOURCES  # a full name's source prefix
+        if not named and (os.sep in text or "/" in text or text.lower().endswith(".gguf")):
             return resolve_model(text, role)  # a missing file: the message it always had
         raise
     if m.error:
