@@ -32,7 +32,7 @@ from .discover import SOURCES, Found, Place, places, scan
 from .manifest import find_file, load_manifests
 from .store import models_dir, resolve_model
 
-FORMAT = 1
+FORMAT = 2
 _MAX_CACHE = 64 * 1024 * 1024
 # Expected acceptance per drafted token, from the parameter ratio r = target/draft (an estimate for ranking only:
 # a measured curve replaces the cost side, nothing measures acceptance before a run).
@@ -58,7 +58,7 @@ class Discovered:
     quantization: str | None = None
     context_length: int | None = None
     tokenizer: str = ""
-    tokens: str = ""  # digest of the token texts
+    tokens: str = ""  # sha256 of the token list's bytes in the file
     vocab_size: int = 0
     label: str | None = None  # general.name
     error: str | None = None
@@ -279,7 +279,8 @@ def _read_record(paths: list[Path]) -> dict[str, Any]:
         return {"error": f"damaged GGUF header ({type(e).__name__}: {str(e)[:120]})"}
     return {"architecture": info.architecture, "parameters": info.n_params, "quantization": info.quantization,
             "context_length": info.context_length, "tokenizer": tokenizer_family(info),
-            "tokens": _tokens_digest(info.tokens), "vocab_size": info.vocab_size, "label": info.name}
+            "tokens": info.tokenizer_digests.get("tokenizer.ggml.tokens", ""), "vocab_size": info.vocab_size,
+            "label": info.name}
 
 
 def _strip_path(message: str, path: Path) -> str:
@@ -287,15 +288,6 @@ def _strip_path(message: str, path: Path) -> str:
         if message.startswith(p + ": "):
             return message[len(p) + 2:]
     return message
-
-
-def _tokens_digest(tokens: list[str]) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in tokens:
-        h.update(t.encode("utf-8", "surrogateescape") + b"\0")
-    return h.hexdigest()[:32]
 
 
 def _full_info(paths: list[Path]) -> Any:
