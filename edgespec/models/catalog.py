@@ -130,8 +130,13 @@ class Catalog:
             d = self._describe(Found("path", [str(p)], [p], base=p.stem))
             d.name = str(p)
             return d
-        close = difflib.get_close_matches(text, list(exact), n=5, cutoff=0.5)
-        close += [n for n in exact if text.lower() in n.lower() and n not in close][: 5 - len(close)]
+        near = difflib.get_close_matches(text, list(exact), n=10, cutoff=0.5)
+        near += [n for n in exact if text and text.lower() in n.lower()]
+        close: list[str] = []  # one name per model, its short one
+        for n in near:
+            if exact[n].name not in close:
+                close.append(exact[n].name)
+        close = close[:5]
         hint = f"; close matches: {', '.join(close)}" if close else "; `edgespec models list` shows the names"
         raise UnknownModelError(f"no model named '{text[:120]}'{hint}", close)
 
@@ -433,14 +438,21 @@ def resolve_path(name: str | os.PathLike[str] | None, role: str, catalog: Catalo
         return resolve_model(text, role)
     try:
         m = (catalog or Catalog()).find(text)
-    except UnknownModelError:
+    except UnknownModelError as e:
         named = text.split(":", 1)[0] in SOURCES  # a full name's source prefix
         if not named and (os.sep in text or "/" in text or text.lower().endswith(".gguf")):
             return resolve_model(text, role)  # a missing file: the message it always had
-        raise
+        raise _with_pairs(text, e.close_matches) from None
     if m.error:
         raise ModelsError(f"{m.name}: {m.error}")
     return m.path
+
+
+def _with_pairs(text: str, found: list[str]) -> UnknownModelError:
+    """An unknown name's error, its close matches from the discovered models (`found`) and the known pairs."""
+    close = (difflib.get_close_matches(text, list(load_manifests()), n=3, cutoff=0.5) + found)[:5]
+    hint = f"close matches: {', '.join(close)}" if close else "`edgespec models list` shows the names"
+    return UnknownModelError(f"no model named '{text[:120]}' (not a file, a pair or a model found on this machine); {hint}", close)
 
 
 def resolve_spec(model: ModelSpec | str | os.PathLike[str], catalog: Catalog | None = None, **kw: Any) -> ModelSpec:
