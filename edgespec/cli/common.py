@@ -127,6 +127,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         draft_temperature=kw.pop("draft_temperature"),
     )
     tpath = resolve_path(target, "target")
+    notes: list[str] = []  # said once the engine is ready (an error before it stays one line)
     dspec = None
     if no_draft and drafter != AUTO:
         click.echo(f"note: --no-draft wins over --drafter {drafter}: plain decoding with the target alone", err=True)
@@ -135,7 +136,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     elif draft == DrafterKind.NGRAM:  # --draft ngram: the lookup, not a file
         drafter = DrafterKind.NGRAM
     elif drafter != DrafterKind.NGRAM:
-        dpath: Path | None = _choose_draft(target, draft, tpath)
+        dpath: Path | None = _choose_draft(target, draft, tpath, notes)
         if dpath is not None:
             dspec = ModelSpec(str(dpath), n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx, rpc=draft_rpc)
         elif drafter != AUTO and DrafterKind(drafter).needs_draft_model:
@@ -163,14 +164,15 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     except BaseException:
         eng.close()
         raise
+    for note in notes:
+        click.echo(note, err=True)
     return eng
 
 
-def _choose_draft(target: str | None, draft: str | None, tpath: Path) -> Path | None:
+def _choose_draft(target: str | None, draft: str | None, tpath: Path, notes: list[str]) -> Path | None:
     """The draft file for --draft `draft` with target `tpath`. An explicit --target without --draft: the default
     pair's draft when the target is the default pair's, else 'auto'. 'auto': the best discovered draft, or none
-    (the n-gram lookup); which, said once on stderr (nothing is said when no discovered model shares the target's
-    tokenizer: the lookup, as it was without a default draft)."""
+    (the n-gram lookup); which, in one line added to `notes`."""
     from edgespec.errors import ModelsError
     from edgespec.models import Catalog, resolve_path
 
@@ -191,12 +193,13 @@ def _choose_draft(target: str | None, draft: str | None, tpath: Path) -> Path | 
     t = cat.find(str(tpath))
     ranked = cat.drafts_for(t)
     best = cat.best_draft(t)
+    shown = os.path.basename(tpath) if t.source == "path" else t.name
     if best is not None:
-        click.echo(f"note: --draft auto: {best.name} ({best.source}, expected x{ranked[0][1]:.2f}) drafts for {os.path.basename(tpath)}", err=True)
+        notes.append(f"note: --draft auto: {best.name} ({best.source}, expected x{ranked[0][1]:.2f}) drafts for {shown}")
         return best.path
-    if ranked:  # nothing shares the tokenizer: the n-gram lookup, as without a default draft before (no note)
-        click.echo(f"note: --draft auto: no draft model for {os.path.basename(tpath)} (the best, {ranked[0][0].name}, "
-                   f"is expected x{ranked[0][1]:.2f} here); using the n-gram lookup", err=True)
+    why = (f"the best, {ranked[0][0].name}, is expected x{ranked[0][1]:.2f} here" if ranked
+           else "no model found on this machine shares its tokenizer and is smaller")
+    notes.append(f"note: --draft auto: no draft model for {shown} ({why}); using the n-gram lookup")
     return None
 
 
