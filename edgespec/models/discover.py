@@ -202,7 +202,7 @@ def _scan_hf(root: Path) -> list[Found]:
             continue
         seen: set[str] = set()
         for rev in revs:
-            for path, parts in _walk_files(snaps / rev):
+            for path, parts in _walk_files(snaps / rev, ".gguf"):
                 rel = "/".join(parts)
                 if rel in seen:
                     continue  # the same file in an older revision
@@ -223,8 +223,8 @@ def _scan_folder(source: str, root: Path) -> list[Found]:
     """*.gguf files anywhere under root (LM Studio's publisher/repo/file, llama.cpp's flat cache, user folders)."""
     prefix = {"lmstudio": "lmstudio:", "llamacpp": "llamacpp:", "edgespec": "edgespec:"}.get(source, "folder:")
     out = []
-    for path, parts in _walk_files(root):
-        if not parts[-1].lower().endswith(".gguf") or _is_projector(path):
+    for path, parts in _walk_files(root, ".gguf"):
+        if _is_projector(path):
             continue
         rel = "/".join(parts)
         if source == "folder":
@@ -263,9 +263,9 @@ def _group_splits(found: list[Found]) -> list[Found]:
     return out
 
 
-def _walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:
-    """(path, parts relative to root) of every non-directory entry under root, sorted; directory symlinks are not
-    followed, entries whose names start with '.' are skipped."""
+def _walk_files(root: Path, suffix: str | None = None) -> Iterator[tuple[Path, list[str]]]:
+    """(path, parts relative to root) of every non-directory entry under root (whose name ends with `suffix`, any
+    case), sorted; directory symlinks are not followed, entries whose names start with '.' are skipped."""
     try:
         top = os.scandir(root)
     except OSError:
@@ -293,6 +293,8 @@ def _walk_files(root: Path) -> Iterator[tuple[Path, list[str]]]:
                     stack.append((Path(e.path), parts + [e.name], sorted(it, key=lambda x: x.name, reverse=True)))
             except OSError:
                 continue
+        elif suffix is not None and not e.name.lower().endswith(suffix):
+            continue
         elif e.is_symlink() and _is_dir_link(e.path):
             continue  # symlinks are followed into files only
         else:
