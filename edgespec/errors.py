@@ -73,6 +73,14 @@ class ModelsError(EdgespecError):
     """A model-cache problem (bad manifest, missing file, failed pull)."""
 
 
+class UnknownModelError(ModelsError):
+    """A model name that no discovered model, pair or file has; close_matches: the known names nearest to it."""
+
+    def __init__(self, message: str, close_matches: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.close_matches = list(close_matches or [])
+
+
 class StopRequested(Exception):
     """Raised inside the engine when a cancel request is seen between prefill chunks. Not an error: it never
     leaves the engine (the generation ends with finish reason "cancelled")."""
@@ -92,5 +100,6 @@ __all__ = [
     "QueueFullError",
     "TemplateError",
     "ModelsError",
+    "UnknownModelError",
     "StopRequested",
 ]

@@ -28,10 +28,13 @@ MAX_STDIN_BYTES = 64 * 1024 * 1024  # a prompt larger than this is certainly a m
 # --------------------------------------------------------------------------------------------- shared options
 def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
-        click.option("--target", "-m", envvar=TARGET_ENV, metavar="FILE|PAIR",
-                     help=f"Target GGUF (env {TARGET_ENV}; default: the default pair)."),
-        click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|ngram",
-                     help=f"Draft GGUF, or 'ngram' for prompt lookup without a draft model (env {DRAFT_ENV})."),
+        click.option("--target", "-m", envvar=TARGET_ENV, metavar="FILE|PAIR|NAME",
+                     help=f"Target GGUF: a path, a pair, or a model's name from `edgespec models list` (env {TARGET_ENV}; "
+                          "default: the default pair)."),
+        click.option("--draft", "-d", envvar=DRAFT_ENV, metavar="FILE|PAIR|NAME|auto|ngram",
+                     help="Draft GGUF (a path, a pair or a model's name), 'auto' for the best discovered model that shares the "
+                          "target's tokenizer (the default with a --target other than the default pair's), or 'ngram' for "
+                          f"prompt lookup without a draft model (env {DRAFT_ENV})."),
         click.option("--no-draft", is_flag=True, help="Plain decoding with the target alone (same sampling code)."),
         click.option("--drafter", type=click.Choice([AUTO] + [k.value for k in DrafterKind if k is not DrafterKind.NONE]), default=AUTO,
                      show_default=True,
@@ -110,8 +113,7 @@ def make_request(kw: dict[str, Any], **prompt: Any) -> GenerationRequest:
 def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     """Build an Engine from the model options (popped from kw)."""
     from edgespec.runtime.engine import Engine
-    from edgespec.llama.gguf_check import check_pair, inspect_gguf
-    from edgespec.models import resolve_model
+    from edgespec.models import resolve_path
 
     target, draft, no_draft = kw.pop("target"), kw.pop("draft"), kw.pop("no_draft")
     drafter = kw.pop("drafter")
@@ -124,7 +126,8 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
         adaptive=not kw.pop("fixed_k"),
         draft_temperature=kw.pop("draft_temperature"),
     )
-    tpath = resolve_model(target, "target")
+    tpath = resolve_path(target, "target")
+    notes: list[str] = []  # said once the engine is ready (an error before it stays one line)
     dspec = None
     if no_draft and drafter != AUTO:
         click.echo(f"note: --no-draft wins over --drafter {drafter}: plain decoding with the target alone", err=True)
@@ -133,25 +136,11 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     elif draft == DrafterKind.NGRAM:  # --draft ngram: the lookup, not a file
         drafter = DrafterKind.NGRAM
     elif drafter != DrafterKind.NGRAM:
-        dpath = None
-        if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
-            # An explicit --target without --draft: the default pair's draft if it is there and fits, else the
-            # free n-gram lookup (said once on stderr).
-            from edgespec.errors import ModelsError
-
-            try:
-                dpath = resolve_model(None, "draft")
-            except ModelsError:
-                dpath = None
-            if dpath is not None and not check_pair(inspect_gguf(tpath), inspect_gguf(dpath)).ok:
-                click.echo(f"note: the default draft does not fit {os.path.basename(tpath)}; using the n-gram lookup", err=True)
-                dpath = None
-        else:
-            dpath = resolve_model(draft, "draft")
+        dpath: Path | None = _choose_draft(target, draft, tpath, notes)
         if dpath is not None:
             dspec = ModelSpec(str(dpath), n_gpu_layers=ngl if dgl is None else dgl, n_threads=threads, n_ctx=n_ctx, rpc=draft_rpc)
         elif drafter != AUTO and DrafterKind(drafter).needs_draft_model:
-            raise EdgespecError("no draft model: pass --draft FILE, --draft ngram or --no-draft")
+            raise EdgespecError("no draft model: pass --draft FILE, --draft NAME, --draft ngram or --no-draft")
     # auto: model+ngram with a draft model; an explicit --target without one: the free n-gram lookup
     kind = resolve_drafter(drafter, draft_model=dspec is not None, lookup_without_draft=target is not None)
     if draft_rpc and dspec is None:
@@ -175,7 +164,43 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
     except BaseException:
         eng.close()
         raise
+    for note in notes:
+        click.echo(note, err=True)
     return eng
+
+
+def _choose_draft(target: str | None, draft: str | None, tpath: Path, notes: list[str]) -> Path | None:
+    """The draft file for --draft `draft` with target `tpath`. An explicit --target without --draft: the default
+    pair's draft when the target is the default pair's, else 'auto'. 'auto': the best discovered draft, or none
+    (the n-gram lookup); which, in one line added to `notes`."""
+    from edgespec.errors import ModelsError
+    from edgespec.models import Catalog, resolve_path
+
+    if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
+        try:
+            default_target = resolve_path(None, "target")
+        except ModelsError:
+            default_target = None
+        draft = None if default_target is not None and os.path.realpath(default_target) == os.path.realpath(tpath) else AUTO
+    if draft is None:  # the default pair's target: its draft, as always (none when it is not in the cache)
+        try:
+            return resolve_path(None, "draft")
+        except ModelsError:
+            return None
+    if draft != AUTO:
+        return resolve_path(draft, "draft")
+    cat = Catalog()
+    t = cat.find(str(tpath))
+    ranked = cat.drafts_for(t)
+    best = cat.best_draft(t)
+    shown = os.path.basename(tpath) if t.source == "path" else t.name
+    if best is not None:
+        notes.append(f"note: --draft auto: {best.name} ({best.source}, expected x{ranked[0][1]:.2f}) drafts for {shown}")
+        return best.path
+    why = (f"the best, {ranked[0][0].name}, is expected x{ranked[0][1]:.2f} here" if ranked
+           else "no model found on this machine shares its tokenizer and is smaller")
+    notes.append(f"note: --draft auto: no draft model for {shown} ({why}); using the n-gram lookup")
+    return None
 
 
 @contextlib.contextmanager

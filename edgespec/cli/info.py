@@ -20,12 +20,23 @@ def _threads() -> dict[str, Any]:
     return {"mode": "auto", "candidates": list(cands)} if len(cands) > 1 else {"mode": "fixed", "current": cands[0]}
 
 
+def _file(name: str) -> str:
+    """A path as given; a model's name (`edgespec models list`) as its file."""
+    import os
+
+    if os.path.lexists(os.path.expanduser(name)) or os.sep in name:
+        return name
+    from edgespec.models import resolve_path
+
+    return str(resolve_path(name, "target"))
+
+
 @click.command()
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("--rpc", metavar="HOST:PORT,...", default=None, help="Also show these RPC servers: their devices and free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
-    """Describe a GGUF file; with two (TARGET DRAFT), say whether they can be paired; with --rpc, the servers."""
+    """Describe a GGUF file (a path or a model's name); with two (TARGET DRAFT), say whether they can be paired; with --rpc, the servers."""
     from edgespec.config import check_rpc_endpoints
     from edgespec.llama.gguf_check import check_pair, inspect_gguf
 
@@ -34,7 +45,7 @@ def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
     endpoints = check_rpc_endpoints(rpc)
     if not files and not endpoints:
         raise click.UsageError("give a GGUF file (or two: target then draft), or --rpc HOST:PORT")
-    infos = [inspect_gguf(f) for f in files]
+    infos = [inspect_gguf(_file(f)) for f in files]
     result: dict[str, Any] = {"files": [i.summary() for i in infos]}
     if endpoints:
         from edgespec.llama import rpc as rpc_mod

@@ -23,6 +23,19 @@ STALL_TIMEOUT_ENV = "EDGESPEC_STALL_TIMEOUT"
 CLIENT_SHARE_ENV = "EDGESPEC_CLIENT_SHARE"
 
 
+def _name_alias(target: str | None) -> str | None:
+    """--target given as a discovered model's name (qwen2.5-coder:7b): that name is the model id the server reports
+    (an Ollama blob's file name is a digest); a path or a pair: None, the file's name as before."""
+    if not target:
+        return None
+    from edgespec.models.catalog import is_catalog_name
+
+    try:
+        return target if is_catalog_name(target) else None
+    except (OSError, ValueError, EdgespecError):
+        return None
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         # proto=IPPROTO_TCP matters: asyncio turns on TCP_NODELAY (no Nagle delay on small SSE writes) only for
@@ -119,7 +132,8 @@ def _header_timeout_protocol(seconds: float) -> Any:
               help="Requests that may wait for the engine; beyond that: 503 with Retry-After.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Browser origin allowed to call the server besides pages on localhost (repeatable; '*' = any).")
-@click.option("--alias", default=None, help="Model id reported by /v1/models and in responses (default: the target file's name).")
+@click.option("--alias", default=None, help="Model id reported by /v1/models and in responses (default: the target's name when --target "
+                                               "is a model's name, else the target file's name).")
 @click.option("--parallel", type=click.IntRange(1, MAX_PARALLEL), default=None,
               help="Slots: requests generated at once, each with a whole context in both models (default: up to 4, as memory allows).")
 @click.option("--prompt-cache-mb", type=click.FloatRange(0, 1 << 20), default=256, show_default=True,
@@ -148,7 +162,7 @@ def serve(**kw: Any) -> None:
     if why:
         raise click.BadParameter(f"no client could send this key: {why}", param_hint="--api-key")
     params = {"host": host, "api_key": api_key or None, "max_queue": kw.pop("max_queue"), "prompt_cache_mb": kw.pop("prompt_cache_mb"),
-              "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias"),
+              "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias") or _name_alias(kw.get("target")),
               "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"),
               "stall_timeout": kw.pop("stall_timeout"), "client_share": kw.pop("client_share"), "model_kw": dict(kw)}
     remote = check_rpc_endpoints(kw.get("rpc")) + check_rpc_endpoints(kw.get("draft_rpc"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import errno
+import hashlib
 import math
 import mmap
 import os
@@ -34,6 +35,13 @@ GGUF_MAGIC = b"GGUF"
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
 _MIN_HEADER = 24  # magic, version, tensor count, key/value count
+# the special tokens a draft must agree on with its target: the ones speculation emits, stops on or lays out
+# (tokenizer.ggml.<key>_token_id)
+SPECIAL_ID_KEYS = ("bos", "eos", "eot", "eom", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
+                   "prefix", "suffix", "middle")
+# the tokenizer arrays whose bytes must be identical for two files to share a tokenizer family (token text is
+# compared id by id by check_pair, with llama.cpp's tolerance for padded vocabularies)
+FAMILY_ARRAYS = ("tokenizer.ggml.merges",)
 
 
 @dataclass
@@ -56,6 +64,10 @@ class GGUFInfo:
     add_bos_token: bool | None
     chat_template: str | None
     tokens: list[str] = field(repr=False, default_factory=list)
+    # sha256 of each tokenizer.ggml.* array's raw bytes (GGUFHeader.digests) and the special ids speculation
+    # touches (SPECIAL_ID_KEYS present in the file): what tokenizer_family hashes
+    tokenizer_digests: dict[str, str] = field(repr=False, default_factory=dict)
+    special_ids: dict[str, int] = field(repr=False, default_factory=dict)
 
     @property
     def quantization(self) -> str:
@@ -152,7 +164,12 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
         check(h)
     except RuleError as e:
         raise ModelFileError(f"{p}: {e}") from None
+    return header_info(p, h)
 
+
+def header_info(p: Path, h: GGUFHeader) -> GGUFInfo:
+    """The GGUFInfo of a header read by read_header (and checked by the caller: a split model's first part is
+    read whole but cannot pass the rules alone, its tensors being spread over the parts)."""
     kv = h.kv
     arch = kv["general.architecture"]
     types: dict[str, int] = {}
@@ -164,8 +181,8 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
     add_bos = kv.get("tokenizer.ggml.add_bos_token")
     return GGUFInfo(
         path=p,
-        file_size=size,
-        version=version,
+        file_size=h.file_size,
+        version=h.version,
         architecture=arch,
         name=_text(kv.get("general.name")),
         n_params=sum(math.prod(t.dims) for t in h.tensors),
@@ -181,6 +198,9 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
         add_bos_token=bool(add_bos) if add_bos is not None else None,
         chat_template=_text(kv.get("tokenizer.chat_template")),
         tokens=list(tokens),
+        tokenizer_digests=dict(h.digests),
+        special_ids={k: int(kv[f"tokenizer.ggml.{k}_token_id"]) for k in SPECIAL_ID_KEYS
+                     if isinstance(kv.get(f"tokenizer.ggml.{k}_token_id"), int)},
     )
 
 
@@ -222,7 +242,8 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         if kv_types.get("general.alignment") != (_UINT32, None) or not align or align & (align - 1):
             align = _DEFAULT_ALIGNMENT  # an invalid value is reported by gguf_rules
         data_start = (r.pos + align - 1) // align * align
-        return GGUFHeader(version, kv, kv_types, lengths, tensors, align, data_start, r.n_buf)
+        digests = {k: hashlib.sha256(r.buf[a:b]).hexdigest() for k, (a, b) in r.spans.items()}
+        return GGUFHeader(version, kv, kv_types, lengths, tensors, align, data_start, r.n_buf, digests)
     finally:
         r.buf.release()  # the mmap cannot close while a view of it is alive
         mm.close()
@@ -237,6 +258,7 @@ class _Reader:
         self.buf = memoryview(mm)
         self.n_buf = len(self.buf)
         self.pos = 4
+        self.spans: dict[str, tuple[int, int]] = {}  # tokenizer.ggml.* arrays: where their bytes are
 
     def take(self, fmt: str) -> Any:
         sz = struct.calcsize(fmt)
@@ -259,12 +281,17 @@ class _Reader:
     def array(self, key: str, etype: int, count: int) -> Any:
         if count > _MAX_COUNT:
             raise ValueError(f"array {shown(key)} of {count:,} elements")
+        start = self.pos
         if etype == _STRING:
             # merges are walked past, not decoded
-            return self._strings(count, keep=key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml."))
-        if etype not in _SCALAR:
+            out = self._strings(count, keep=key == "tokenizer.ggml.tokens" or not key.startswith("tokenizer.ggml."))
+        elif etype not in _SCALAR:
             raise ValueError(f"array {shown(key)} has element type {etype}")
-        return self._numbers(key, etype, count)
+        else:
+            out = self._numbers(key, etype, count)
+        if key.startswith("tokenizer.ggml."):
+            self.spans[key] = (start, self.pos)
+        return out
 
     def _strings(self, count: int, keep: bool) -> list[str] | None:
         # tight loop: 151k-entry vocabularies and merge lists
@@ -386,6 +413,16 @@ def check_pair(target: GGUFInfo, draft: GGUFInfo) -> Compatibility:
         if a != b:
             problems.append(f"{what} differs (target {a}, draft {b})")
     return Compatibility(not problems, tuple(problems))
+
+
+def tokenizer_family(info: GGUFInfo) -> str:
+    """A short hash of what two files must share exactly to pair: tokenizer model and pre-tokenizer, the merges
+    (every one of them), the add-BOS flag and the special ids in SPECIAL_ID_KEYS. Token text is check_pair's
+    (a padded vocabulary still pairs); same family and check_pair ok: the draft can serve the target."""
+    parts = [f"model={info.tokenizer_model}", f"pre={info.tokenizer_pre}", f"add_bos={info.add_bos_token}"]
+    parts += [f"{k}={info.tokenizer_digests.get(k)}" for k in FAMILY_ARRAYS]
+    parts += [f"{k}={v}" for k, v in sorted(info.special_ids.items())]
+    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def require_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:

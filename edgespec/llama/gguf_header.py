@@ -4,7 +4,7 @@ reading and no rules, imported by both (gguf_check imports gguf_rules, never the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -30,6 +30,9 @@ class GGUFHeader:
     alignment: int
     data_start: int
     file_size: int
+    # sha256 of the raw bytes of each tokenizer.ggml.* array (tokens, token types, merges, scores): a tokenizer's
+    # identity without decoding it (the merges are not kept, their digest is)
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 __all__ = ["GGUFHeader", "TensorInfo"]

