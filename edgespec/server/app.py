@@ -93,6 +93,18 @@ async def _internal_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
 
 
+def _state(engine: Any, settings: Settings, on_load_error: Callable[[BaseException], None] | None, pool: Any) -> ServerState:
+    state = ServerState(settings=settings, on_load_error=on_load_error, pool=pool)
+    if engine is None:
+        if pool is None:
+            raise ValueError("create_app needs an engine, a pool or both")
+    elif callable(engine) and not hasattr(engine, "stream"):
+        state.factory = cast("Callable[[], Engine]", engine)
+    else:
+        state.set_engine(cast("Engine", engine))
+    return state
+
+
 def create_app(
     engine: Engine | Callable[[], Engine] | None,
     settings: Settings | None = None,
@@ -105,14 +117,7 @@ def create_app(
     when the callable raises. pool: a pool.ModelPool whose models are served by name besides `engine` (the pinned
     model; None: the pool's models only); the app closes it at shutdown."""
     settings = settings or Settings()
-    state = ServerState(settings=settings, on_load_error=on_load_error, pool=pool)
-    if engine is None:
-        if pool is None:
-            raise ValueError("create_app needs an engine, a pool or both")
-    elif callable(engine) and not hasattr(engine, "stream"):
-        state.factory = cast("Callable[[], Engine]", engine)
-    else:
-        state.set_engine(cast("Engine", engine))
+    state = _state(engine, settings, on_load_error, pool)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

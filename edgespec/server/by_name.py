@@ -16,15 +16,17 @@ from .pool import NEVER, Held, LoadPlan, ModelEntry, ModelPool, UnknownModelErro
 
 class FolderSource:
     """GGUF files served by name: each file named by its stem (`tiny-target.gguf` -> "tiny-target"; "tiny-target:latest"
-    reaches it too), from folders (their *.gguf, not recursive) and single files. drafts: a model's name -> the path of
-    its draft model (models without one load with the model-free drafters). n_ctx: each model's context. A file whose
-    header cannot be read is still listed (its load fails with the reader's error)."""
+    reaches it too), from folders (their *.gguf, not recursive) and single files. drafts: a model's name -> the path
+    of its draft model (models without one load with the model-free drafters). n_ctx: each model's context. A file
+    whose header cannot be read is still listed (its load fails with the reader's error); headers are read once per
+    path, size and mtime."""
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], *, drafts: Mapping[str, str | os.PathLike[str]] | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None) -> None:
         self.paths = [Path(p) for p in paths]
         self.drafts = {k: str(v) for k, v in (drafts or {}).items()}
         self.n_ctx, self.n_threads = n_ctx, n_threads
+        self._meta: dict[tuple[str, int, int], dict[str, Any]] = {}  # headers read, by path, size and mtime
 
     def _files(self) -> dict[str, Path]:
         found: dict[str, Path] = {}
@@ -43,12 +45,16 @@ class FolderSource:
                 st = f.stat()
             except OSError:
                 continue
-            try:
-                info = inspect_gguf(str(f))
-                meta: dict[str, Any] = {"family": info.architecture, "parameter_size": param_size(info.n_params),
-                                        "quantization": info.quantization, "context_length": info.context_length}
-            except Exception:  # noqa: BLE001 - listed as it is; its load says what is wrong
-                meta = {}
+            key = (str(f), st.st_size, st.st_mtime_ns)
+            meta = self._meta.get(key)
+            if meta is None:
+                try:
+                    info = inspect_gguf(str(f))
+                    meta = {"family": info.architecture, "parameter_size": param_size(info.n_params),
+                            "quantization": info.quantization, "context_length": info.context_length}
+                except Exception:  # noqa: BLE001 - listed as it is; its load says what is wrong
+                    meta = {}
+                self._meta[key] = meta
             draft = self.drafts.get(name)
             out.append(ModelEntry(name=name, aliases=(name + ":latest",), size=st.st_size, modified=st.st_mtime,
                                   draft=model_stem(draft) if draft else None, **meta))

@@ -491,13 +491,14 @@ async def bind(pool: ModelPool, state: ServerState, name: Any, keep_alive: Any =
         state.require_engine()
         return state
     if not isinstance(name, str) or not name:
-        names = ", ".join(repr(e.name) for e in pool.entries()[:5])
-        raise APIError(400, f"model is required: name one of the models served ({names}{', ...' if len(pool.entries()) > 5 else ''})",
+        entries = await anyio.to_thread.run_sync(pool.entries)
+        names = ", ".join(repr(e.name) for e in entries[:5])
+        raise APIError(400, f"model is required: name one of the models served ({names}{', ...' if len(entries) > 5 else ''})",
                        param="model", code="model_required")
     if state.closing:
         raise APIError(503, "the server is shutting down", code="shutting_down")
     ka = pool.keep_alive if keep_alive is None else parse_keep_alive(keep_alive)
-    plan = pool.plan(name)
+    plan = await anyio.to_thread.run_sync(pool.plan, name)  # a source may read files
     if state.engine is not None and plan.target.path == state.engine.target.spec.path:
         state.require_engine()  # the pinned model under another of its names
         return state

@@ -28,6 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, Mapping
 
+import anyio
 from pydantic import Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
@@ -348,7 +349,7 @@ async def _bound(request: Request, cls: type[OllamaResponse]) -> tuple[ServerSta
     name, ka = body.get("model"), body.get("keep_alive")
     empty = (not body.get("prompt") and not body.get("suffix")) if cls is OllamaGenerateResponse else body.get("messages") == []
     if empty and ka is not None and parse_keep_alive(ka) == 0 and not is_pinned(state, name) and isinstance(name, str):
-        plan = state.pool.plan(name)
+        plan = await anyio.to_thread.run_sync(state.pool.plan, name)
         state.pool.unload(plan.name)
         done = {"model": name, "created_at": _now(), "done": True, "done_reason": "unload"}
         return JSON({**done, **({"response": ""} if cls is OllamaGenerateResponse else {"message": {"role": "assistant", "content": ""}})})
@@ -416,7 +417,7 @@ async def tags(request: Request) -> Response:
         pinned = [] if state.pool is not None and not state.pinned else [state.require_engine()]
         listed = [{**_listed(state, eng), "modified_at": _modified(eng)} for eng in pinned]
         names = {m["name"] for m in listed}
-        listed += [m for m in by_name.ollama_tags(state) if m["name"] not in names]
+        listed += [m for m in await anyio.to_thread.run_sync(by_name.ollama_tags, state) if m["name"] not in names]
     except APIError as e:
         return ollama_error(e)
     return JSON({"models": listed})
@@ -452,9 +453,9 @@ async def _show_pooled(request: Request, state: ServerState) -> ServerState | Re
     if is_pinned(state, want):
         state.require_engine()
         return state
-    plan = state.pool.plan(want)  # 404 with the close matches
+    plan = await anyio.to_thread.run_sync(state.pool.plan, want)  # 404 with the close matches
     held = state.pool.get(plan.name)
-    e = by_name.entry(state, plan.name)
+    e = await anyio.to_thread.run_sync(by_name.entry, state, plan.name)
     if held is not None and not held.engine.closed:
         return _show(held.engine)
     details = by_name.ollama_details(e) if e is not None else {}
@@ -486,7 +487,7 @@ async def ps(request: Request) -> Response:
     except APIError as e:
         return ollama_error(e)
     loaded = [{**_listed(state, eng), "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx} for eng in pinned]
-    return JSON({"models": loaded + by_name.ollama_ps(state)})
+    return JSON({"models": loaded + await anyio.to_thread.run_sync(by_name.ollama_ps, state)})
 
 
 NEVER = "2318-08-08T00:00:00Z"  # Ollama's expires_at for a model kept loaded (keep_alive < 0): far in the future

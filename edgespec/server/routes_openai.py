@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -30,7 +32,8 @@ async def models(request: Request) -> Response:
         return JSON({"object": "list", "data": [model_card(state)]})
     pinned = [model_card(state)] if state.pinned else []
     ids = {c["id"] for c in pinned}
-    return JSON({"object": "list", "data": pinned + [c for c in by_name.openai_cards(state) if c["id"] not in ids]})
+    cards = await anyio.to_thread.run_sync(by_name.openai_cards, state)  # a source may read files
+    return JSON({"object": "list", "data": pinned + [c for c in cards if c["id"] not in ids]})
 
 
 async def model(request: Request) -> Response:
@@ -40,7 +43,7 @@ async def model(request: Request) -> Response:
         return await models(request)
     state = server_state(request)
     if state.pool is not None:
-        cards = ([model_card(state)] if state.pinned else []) + by_name.openai_cards(state)
+        cards = ([model_card(state)] if state.pinned else []) + await anyio.to_thread.run_sync(by_name.openai_cards, state)
         for c in cards:
             if want == c["id"] or want in c["meta"].get("aliases", ()):
                 return JSON(c)
