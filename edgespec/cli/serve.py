@@ -288,7 +288,8 @@ def model_pool(params: dict[str, Any]) -> Any:
         return None
     opts = params.get("pool", {})
     engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"]}
-    return ModelPool(source, keep_alive=opts.get("keep_alive", 300.0), max_loaded=opts.get("max_loaded", 3), engine_kw=engine_kw)
+    return ModelPool(source, keep_alive=opts.get("keep_alive", 300.0), max_loaded=opts.get("max_loaded", 3), engine_kw=engine_kw,
+                     on_event=lambda line: click.echo(f"edgespec: {line}", err=True))
 
 
 def _ended_quietly(app: Any) -> Any:

@@ -215,15 +215,18 @@ class ModelPool:
     """The engines loaded from `source`, by name (see the module's docstring). loader(plan) builds an engine (default:
     Engine.load(plan.target, plan.draft, **engine_kw)); keep_alive: the default seconds an idle model stays (None: for
     ever); max_loaded: models held at once (at least 1); memory_budget: bytes the pool's models may take (None: the
-    memory available now plus what the pool already holds). Thread-safe; bind/acquire run on the event loop."""
+    memory available now plus what the pool already holds); on_event(line): told each load, failure and unload (the
+    CLI prints them). Thread-safe; bind/acquire run on the event loop."""
 
     def __init__(self, source: ModelSource, *, loader: Callable[[LoadPlan], Engine] | None = None,
                  keep_alive: float | None = DEFAULT_KEEP_ALIVE, max_loaded: int = DEFAULT_MAX_LOADED,
-                 memory_budget: int | None = None, engine_kw: Mapping[str, Any] | None = None) -> None:
+                 memory_budget: int | None = None, engine_kw: Mapping[str, Any] | None = None,
+                 on_event: Callable[[str], None] | None = None) -> None:
         if max_loaded < 1:
             raise ValueError("max_loaded must be at least 1")
         self.source, self.keep_alive, self.max_loaded, self.memory_budget = source, keep_alive, max_loaded, memory_budget
         self.engine_kw = dict(engine_kw or {})
+        self.on_event = on_event
         self.loader = loader or self._engine_load
         self._held: OrderedDict[str, Held] = OrderedDict()  # least recently used first
         self._loading: dict[str, _Loading] = {}
@@ -307,12 +310,12 @@ class ModelPool:
         """In a worker thread: make room, load, hold (with one lease, the caller's)."""
         need = estimate(plan)
         self._make_room(plan.name, need)
+        t0 = time.monotonic()
         try:
-            log.info("loading %s", plan.name)
             engine = self.loader(plan)
         except BaseException as e:  # noqa: BLE001 - the request's error; the server goes on
             err = load_failed(plan.name, e)
-            log.error("%s", err.message)
+            self._event(err.message)
             with self._lock:
                 self._reserved -= 1
                 self._failed[plan.name] = (_stamp(plan), err)
@@ -327,6 +330,8 @@ class ModelPool:
         if closed:
             engine.close()
             raise APIError(503, "the server is shutting down", code="shutting_down")
+        self._event(f"loaded {plan.name}" + (f" + draft {held.draft}" if held.draft else " (no draft model)")
+                    + f" in {time.monotonic() - t0:.1f} s")
         self._start_reaper()
         return held
 
@@ -382,9 +387,17 @@ class ModelPool:
         return True
 
     def _unload(self, held: Held, why: str) -> None:
-        log.info("unloading %s (%s)", held.name, why)
         self.unloaded.append(held.name)
         held.engine.close()
+        self._event(f"unloaded {held.name} ({why})")
+
+    def _event(self, line: str) -> None:
+        log.info("%s", line)
+        if self.on_event is not None:
+            try:
+                self.on_event(line)
+            except Exception:  # noqa: BLE001 - a report that fails changes nothing
+                log.exception("on_event failed")
 
     # -- expiry
     def _start_reaper(self) -> None:
@@ -498,7 +511,12 @@ async def bind(pool: ModelPool, state: ServerState, name: Any, keep_alive: Any =
     if state.closing:
         raise APIError(503, "the server is shutting down", code="shutting_down")
     ka = pool.keep_alive if keep_alive is None else parse_keep_alive(keep_alive)
-    plan = await anyio.to_thread.run_sync(pool.plan, name)  # a source may read files
+    try:
+        plan = await anyio.to_thread.run_sync(pool.plan, name)  # a source may read files
+    except APIError as e:
+        if e.code == "model_not_found" and state.engine is None and state.factory is not None:
+            state.require_engine()  # perhaps the pinned model's name, not known until it has loaded: 503 while it loads
+        raise
     if state.engine is not None and plan.target.path == state.engine.target.spec.path:
         state.require_engine()  # the pinned model under another of its names
         return state

@@ -48,6 +48,7 @@ class Counting:
 
     def __init__(self) -> None:
         self.loads: dict[str, int] = {}
+        self.events: list[str] = []  # the pool's on_event lines
         self.lock = threading.Lock()
 
     def __call__(self, plan: LoadPlan) -> Any:
@@ -61,7 +62,9 @@ def make_pool(models_dir: Path, tiny, **kw: Any) -> tuple[ModelPool, Counting]:
     loader = Counting()
     source = FolderSource([models_dir], drafts={"alpha": tiny["draft"]}, n_ctx=N_CTX, n_threads=1)
     kw.setdefault("memory_budget", 1 << 40)
-    return ModelPool(source, loader=loader, **kw), loader
+    pool = ModelPool(source, loader=loader, **kw)
+    pool.on_event = loader.events.append
+    return pool, loader
 
 
 @pytest.fixture
@@ -139,6 +142,21 @@ def test_least_recently_used_unloads_at_max_loaded_1(models_dir, tiny):
         assert list(ps(srv)) == ["beta:latest"] and pool.unloaded == ["alpha"]
         assert ask(srv, "alpha").status_code == 200  # loads again
         assert loader.loads == {"alpha": 2, "beta": 1} and pool.unloaded == ["alpha", "beta"]
+        assert loader.events[:3] == ["loaded alpha + draft tiny-draft in " + loader.events[0].rsplit(" in ", 1)[1],
+                                     "unloaded alpha (to make room for beta)", loader.events[2]]
+        assert loader.events[2].startswith("loaded beta (no draft model) in ")
+    finally:
+        srv.stop()
+
+
+def test_memory_short_unloads_the_least_recently_used(models_dir, tiny):
+    one = (models_dir / "beta.gguf").stat().st_size * 1.2  # pool.MEMORY_FACTOR x the file: what a model is estimated to take
+    pool, _ = make_pool(models_dir, tiny, max_loaded=3, memory_budget=int(one * 1.5))  # room for one model, not two
+    srv = ServerThread(create_app(None, pool=pool))
+    try:
+        assert ask(srv, "beta").status_code == 200
+        assert ask(srv, "gamma").status_code == 200
+        assert [h.name for h in pool.loaded()] == ["gamma"] and pool.unloaded == ["beta"]
     finally:
         srv.stop()
 
