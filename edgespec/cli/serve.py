@@ -276,7 +276,7 @@ def model_source(params: dict[str, Any]) -> Any:
     if not dirs:
         return None
     kw = params["model_kw"]
-    return FolderSource(dirs, n_ctx=kw.get("n_ctx") or 4096, n_threads=kw.get("threads"))
+    return FolderSource(dirs, n_ctx=kw.get("n_ctx") or 4096, n_threads=kw.get("threads"), n_gpu_layers=kw.get("n_gpu_layers") or 0)
 
 
 def model_pool(params: dict[str, Any]) -> Any:
@@ -287,7 +287,11 @@ def model_pool(params: dict[str, Any]) -> Any:
     if source is None:
         return None
     opts = params.get("pool", {})
-    engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"]}
+    from edgespec.config import SpecConfig
+
+    kw = params["model_kw"]
+    spec = SpecConfig(draft_max=kw.get("draft_max", 8), adaptive=not kw.get("fixed_k"), draft_temperature=kw.get("draft_temperature"))
+    engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"], "spec": spec}
     return ModelPool(source, keep_alive=opts.get("keep_alive", 300.0), max_loaded=opts.get("max_loaded", 3), engine_kw=engine_kw,
                      on_event=lambda line: click.echo(f"edgespec: {line}", err=True))
 

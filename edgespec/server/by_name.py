@@ -17,15 +17,16 @@ from .pool import NEVER, Held, LoadPlan, ModelEntry, ModelPool, UnknownModelErro
 class FolderSource:
     """GGUF files served by name: each file named by its stem (`tiny-target.gguf` -> "tiny-target"; "tiny-target:latest"
     reaches it too), from folders (their *.gguf, not recursive) and single files. drafts: a model's name -> the path
-    of its draft model (models without one load with the model-free drafters). n_ctx: each model's context. A file
+    of its draft model (models without one load with the model-free drafters). n_ctx, n_threads, n_gpu_layers: each
+    model's ModelSpec's. A file
     whose header cannot be read is still listed (its load fails with the reader's error); headers are read once per
     path, size and mtime."""
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], *, drafts: Mapping[str, str | os.PathLike[str]] | None = None,
-                 n_ctx: int = 4096, n_threads: int | None = None) -> None:
+                 n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
         self.paths = [Path(p) for p in paths]
         self.drafts = {k: str(v) for k, v in (drafts or {}).items()}
-        self.n_ctx, self.n_threads = n_ctx, n_threads
+        self.n_ctx, self.n_threads, self.n_gpu_layers = n_ctx, n_threads, n_gpu_layers
         self._meta: dict[tuple[str, int, int], dict[str, Any]] = {}  # headers read, by path, size and mtime
 
     def _files(self) -> dict[str, Path]:
@@ -68,7 +69,7 @@ class FolderSource:
         draft = self.drafts.get(key)
 
         def spec(p: str) -> ModelSpec:
-            return ModelSpec(p, n_ctx=self.n_ctx, n_threads=self.n_threads)
+            return ModelSpec(p, n_ctx=self.n_ctx, n_threads=self.n_threads, n_gpu_layers=self.n_gpu_layers)
 
         return LoadPlan(key, spec(str(files[key])), spec(draft) if draft else None)
 

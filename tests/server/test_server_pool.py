@@ -235,7 +235,10 @@ def test_unknown_name_is_a_404_naming_the_close_matches(served):
     assert httpx.get(srv.url + "/v1/models/betta").status_code == 404
     assert srv.post("/api/show", {"model": "nothing-like-it"}).status_code == 404
     r = ask(srv, None)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "model_required"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_required" and "'alpha'" in r.json()["error"]["message"]
+    assert ask(srv, 7).json()["error"]["code"] == "model_required"  # not a name
+    r = srv.post("/api/chat", {"model": "alpha", "messages": [{"role": "user", "content": "x"}], "keep_alive": "soon"})
+    assert r.status_code == 400 and "keep_alive" in r.json()["error"]
     assert loader.loads == {}
 
 
@@ -271,6 +274,11 @@ def test_the_pinned_model_with_a_pool(models_dir, tiny):
         assert r.status_code == 200 and not eng.closed
         r = srv.post("/tokenize", {"model": "gamma", "content": "abc"})
         assert r.status_code == 200 and r.json()["tokens"]
+        r = srv.post("/completion", {"model": "beta", "prompt": "abc", "n_predict": 3})
+        assert r.status_code == 200 and r.json()["model"] == "beta"
+        r = srv.post("/v1/responses", {"model": "beta", "input": "abc", "max_output_tokens": 3})
+        assert r.status_code == 200 and r.json()["model"] == "beta"
+        assert loader.loads == {"gamma": 1, "beta": 1}
     finally:
         srv.stop()
         eng.close()
