@@ -164,15 +164,19 @@ class Held:
 
 
 class Lease:
-    """A request's use of a held model; release() (once) when its answer has been written."""
+    """A request's use of a held model; release() when its answer has been written (later calls do nothing). A lease
+    dropped without release() is released when it is collected (a request cancelled while its model loaded)."""
 
     def __init__(self, pool: ModelPool, held: Held) -> None:
-        self.pool, self.held, self.done = pool, held, False
+        self.held = held
+        self._done = weakref.finalize(self, pool.release, held)
 
     def release(self) -> None:
-        if not self.done:
-            self.done = True
-            self.pool.release(self.held)
+        self._done()
+
+    @property
+    def done(self) -> bool:
+        return not self._done.alive
 
 
 class _Loading:
@@ -296,7 +300,8 @@ class ModelPool:
                     raise loading.error
                 continue
             try:
-                held = await anyio.to_thread.run_sync(self._load, plan, keep_alive)
+                with anyio.CancelScope(shield=True):  # the load ends and is held, whoever has gone: the others wait for it
+                    new = await anyio.to_thread.run_sync(self._load, plan, keep_alive)
             except APIError as e:
                 loading.error = e
                 raise
@@ -304,7 +309,7 @@ class ModelPool:
                 with self._lock:
                     self._loading.pop(plan.name, None)
                 loading.event.set()
-            return Lease(self, held)
+            return Lease(self, new)
 
     def _load(self, plan: LoadPlan, keep_alive: float | None) -> Held:
         """In a worker thread: make room, load, hold (with one lease, the caller's)."""
@@ -458,8 +463,7 @@ class ModelState(ServerState):
         self.engine = lease.held.engine
         self.factory = None
         self.load_error = None
-        self.loaded_at = int(lease.held.loaded_at)
-        weakref.finalize(self, lease.release)
+        self.loaded_at = int(lease.held.loaded_at)  # the lease goes with this view when nothing released it before
 
     @property  # type: ignore[override]
     def closing(self) -> bool:
