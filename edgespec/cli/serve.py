@@ -21,6 +21,8 @@ from .common import load_engine, model_options
 API_KEY_ENV = "EDGESPEC_API_KEY"
 STALL_TIMEOUT_ENV = "EDGESPEC_STALL_TIMEOUT"
 CLIENT_SHARE_ENV = "EDGESPEC_CLIENT_SHARE"
+KEEP_ALIVE_ENV = "EDGESPEC_KEEP_ALIVE"
+MAX_LOADED_ENV = "EDGESPEC_MAX_LOADED_MODELS"
 
 
 def _name_alias(target: str | None) -> str | None:
@@ -146,6 +148,14 @@ def _header_timeout_protocol(seconds: float) -> Any:
 @click.option("--client-share", type=click.FloatRange(0, 1), default=0.5, show_default=True, envvar=CLIENT_SHARE_ENV,
               help="Share of the queue one client (its bearer token, else its address) may hold: at most slots + "
                    f"ceil(share x max-queue) of its requests in flight, beyond that 429 (1 = no per-client limit; env {CLIENT_SHARE_ENV}).")
+@click.option("--models-dir", "models_dirs", multiple=True, metavar="DIR", type=click.Path(exists=True, file_okay=False),
+              help="Serve every GGUF in DIR by its name, loaded on first use (repeatable; see docs/server.md, \"Serving several models\"). "
+                   "Without --target, no model is pinned.")
+@click.option("--keep-alive", default="5m", show_default=True, envvar=KEEP_ALIVE_ENV, metavar="DURATION",
+              help=f"How long a model served by name stays loaded when idle (\"30s\", \"5m\", \"1h\", seconds; 0 = unload after each "
+                   f"request; negative = never); a request's Ollama keep_alive overrides it (env {KEEP_ALIVE_ENV}).")
+@click.option("--max-loaded", type=click.IntRange(1, 64), default=3, show_default=True, envvar=MAX_LOADED_ENV,
+              help=f"Models served by name held loaded at once; the least recently used idle one unloads first (env {MAX_LOADED_ENV}).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 def serve(**kw: Any) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,
@@ -164,7 +174,10 @@ def serve(**kw: Any) -> None:
     params = {"host": host, "api_key": api_key or None, "max_queue": kw.pop("max_queue"), "prompt_cache_mb": kw.pop("prompt_cache_mb"),
               "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias") or _name_alias(kw.get("target")),
               "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"),
-              "stall_timeout": kw.pop("stall_timeout"), "client_share": kw.pop("client_share"), "model_kw": dict(kw)}
+              "stall_timeout": kw.pop("stall_timeout"), "client_share": kw.pop("client_share"),
+              "pool": {"models_dirs": [str(d) for d in kw.pop("models_dirs")], "keep_alive": _keep_alive(kw.pop("keep_alive")),
+                       "max_loaded": kw.pop("max_loaded")},
+              "model_kw": dict(kw)}
     remote = check_rpc_endpoints(kw.get("rpc")) + check_rpc_endpoints(kw.get("draft_rpc"))
     sock = _listen(host, port)
     bound = sock.getsockname()
@@ -209,7 +222,11 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(load, settings, on_load_error=on_load_error)
+    pool = model_pool(params)
+    pinned = load if pool is None or model_kw.get("target") is not None else None
+    app = create_app(pinned, settings, on_load_error=on_load_error, pool=pool)
+    if pinned is None:
+        click.echo(f"edgespec: ready: serving {len(pool.entries())} model(s) by name, none pinned", err=True)  # type: ignore[union-attr]
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # Ctrl-C / SIGTERM: end the generations first
@@ -255,6 +272,44 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
         raise EdgespecError(str(e) if isinstance(e, EdgespecError) else f"the model failed to load: {type(e).__name__}: {e}")
     if not server.started:
         sys.exit(1)
+
+
+def _keep_alive(value: str) -> float | None:
+    from edgespec.server.api_errors import APIError
+    from edgespec.server.pool import parse_keep_alive
+
+    try:
+        return parse_keep_alive(value)
+    except APIError as e:
+        raise click.BadParameter(e.message.removeprefix("keep_alive: "), param_hint="--keep-alive") from None
+
+
+def model_source(params: dict[str, Any]) -> Any:
+    """The models served by name (a pool.ModelSource), or None: serve the pinned pair only. --models-dir's folders."""
+    from edgespec.server.by_name import FolderSource
+
+    dirs = params.get("pool", {}).get("models_dirs") or []
+    if not dirs:
+        return None
+    kw = params["model_kw"]
+    return FolderSource(dirs, n_ctx=kw.get("n_ctx") or 4096, n_threads=kw.get("threads"), n_gpu_layers=kw.get("n_gpu_layers") or 0)
+
+
+def model_pool(params: dict[str, Any]) -> Any:
+    """The ModelPool over model_source(params), or None."""
+    from edgespec.server.pool import ModelPool
+
+    source = model_source(params)
+    if source is None:
+        return None
+    opts = params.get("pool", {})
+    from edgespec.config import SpecConfig
+
+    kw = params["model_kw"]
+    spec = SpecConfig(draft_max=kw.get("draft_max", 8), adaptive=not kw.get("fixed_k"), draft_temperature=kw.get("draft_temperature"))
+    engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"], "spec": spec}
+    return ModelPool(source, keep_alive=opts.get("keep_alive", 300.0), max_loaded=opts.get("max_loaded", 3), engine_kw=engine_kw,
+                     on_event=lambda line: click.echo(f"edgespec: {line}", err=True))
 
 
 def _ended_quietly(app: Any) -> Any:

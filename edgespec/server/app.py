@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, AsyncIterator, Callable, cast
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -61,7 +61,7 @@ LOCAL_ORIGIN = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?$"
 # --------------------------------------------------------------------------------------------- endpoints
 async def health(request: Request) -> Response:
     try:
-        server_state(request).require_engine()
+        server_state(request).check_ready()
     except APIError as e:
         return error_response(e)
     return JSON({"status": "ok"})
@@ -94,21 +94,31 @@ async def _internal_error_handler(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
 
 
-def create_app(
-    engine: Engine | Callable[[], Engine],
-    settings: Settings | None = None,
-    *,
-    on_load_error: Callable[[BaseException], None] | None = None,
-) -> Starlette:
-    """The server app over `engine`: an Engine (the caller keeps owning it), or a callable that loads one (called in a
-    thread at startup; the app closes that engine at shutdown). on_load_error(exc) is called from the loading thread
-    when the callable raises."""
-    settings = settings or Settings()
-    state = ServerState(settings=settings, on_load_error=on_load_error)
-    if callable(engine) and not hasattr(engine, "stream"):
+def _state(engine: Any, settings: Settings, on_load_error: Callable[[BaseException], None] | None, pool: Any) -> ServerState:
+    state = ServerState(settings=settings, on_load_error=on_load_error, pool=pool)
+    if engine is None:
+        if pool is None:
+            raise ValueError("create_app needs an engine, a pool or both")
+    elif callable(engine) and not hasattr(engine, "stream"):
         state.factory = cast("Callable[[], Engine]", engine)
     else:
         state.set_engine(cast("Engine", engine))
+    return state
+
+
+def create_app(
+    engine: Engine | Callable[[], Engine] | None,
+    settings: Settings | None = None,
+    *,
+    on_load_error: Callable[[BaseException], None] | None = None,
+    pool: Any = None,
+) -> Starlette:
+    """The server app over `engine`: an Engine (the caller keeps owning it), or a callable that loads one (called in a
+    thread at startup; the app closes that engine at shutdown). on_load_error(exc) is called from the loading thread
+    when the callable raises. pool: a pool.ModelPool whose models are served by name besides `engine` (the pinned
+    model; None: the pool's models only); the app closes it at shutdown."""
+    settings = settings or Settings()
+    state = _state(engine, settings, on_load_error, pool)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

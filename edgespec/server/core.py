@@ -166,6 +166,7 @@ class ServerState:
     live: set = field(default_factory=set)  # GenerationResponses being written
     stored: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses kept for previous_response_id
     clients: Counter = field(default_factory=Counter)  # client key -> its generation requests in flight (admit)
+    pool: Any = None  # pool.ModelPool: the models served by name besides this one (None: this one only)
 
     def __post_init__(self) -> None:
         self.records = deque(maxlen=self.settings.history)
@@ -198,6 +199,19 @@ class ServerState:
                 raise APIError(429, f"this client already has {self.clients[client]} requests in flight, its share of the "
                                "server's slots and queue; retry when one has finished", code="client_queue_full", headers=retry)
         return Admission.count(self, client)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the server has a model of its own (the pinned one), loaded or loading."""
+        return self.engine is not None or self.factory is not None
+
+    def check_ready(self) -> None:
+        """/health: the pinned model loaded and usable (a server with a pool and no pinned model is always ready)."""
+        if self.pool is not None and not self.pinned:
+            if self.closing:
+                raise APIError(503, "the server is shutting down", code="shutting_down")
+            return
+        self.require_engine()
 
     def set_engine(self, engine: Engine) -> None:
         self.loaded_at = int(time.time())
@@ -260,6 +274,8 @@ class ServerState:
         self.closing = True
         if self.factory is not None and self.engine is not None:
             self.engine.close()  # cancels what still runs; queued generations never start
+        if self.pool is not None:
+            self.pool.close()
 
 
 class Admission:
@@ -268,6 +284,7 @@ class Admission:
 
     def __init__(self, state: ServerState, client: str) -> None:
         self.state, self.client, self.held = state, client, True
+        self.after: list[Callable[[], None]] = []  # called at release (a pooled model's lease)
 
     @classmethod
     def count(cls, state: ServerState, client: str) -> "Admission":
@@ -285,6 +302,8 @@ class Admission:
         st.clients[self.client] -= 1
         if st.clients[self.client] <= 0:
             del st.clients[self.client]
+        for done in self.after:
+            done()
 
 
 def client_key(request: Request) -> str:
@@ -340,6 +359,32 @@ async def read_body(request: Request) -> dict[str, Any]:
     state = server_state(request)
     state.require_engine()
     return await read_json(request, state.settings.max_body_bytes)
+
+
+async def read_bound(request: Request, keep_alive: Any = None) -> tuple[ServerState, dict[str, Any]]:
+    """The body (as read_body reads it) and the state of the model its "model" names: the server's own state for the
+    pinned model (or with no pool: any name), else the pool's view of that model, loaded first if it is not
+    (pool.bind: 404 for an unknown name). keep_alive: the request's (Ollama's routes), None for the default."""
+    state = server_state(request)
+    if state.pool is None:
+        return state, await read_body(request)
+    body = await read_json(request, state.settings.max_body_bytes)
+    return await bind_body(state, body, keep_alive), body
+
+
+async def bind_body(state: ServerState, body: Mapping[str, Any], keep_alive: Any = None) -> ServerState:
+    """The state of the model `body` names (read_bound's, for a body already read)."""
+    if state.pool is None:
+        state.require_engine()
+        return state
+    return await state.pool.bind(state, body.get("model"), keep_alive)
+
+
+def release_lease(state: ServerState) -> None:
+    """Give back the pooled model a request's state holds (nothing for the pinned model's)."""
+    lease = getattr(state, "lease", None)
+    if lease is not None:
+        lease.release()
 
 
 class JSON(JSONResponse):
@@ -434,21 +479,40 @@ async def generate(
     kind: str,
     response: Callable[[ServerState, CompletionRequest, Any, RequestRecord], Any],
     body: dict[str, Any] | None = None,
+    state: ServerState | None = None,
 ) -> Any:
     """Parse, prepare and queue one generation (every route's). `parse` turns the body into the request (in a worker
     thread: a large grammar or schema compiles for seconds); `response(state, req, gen, record)` makes the ASGI
     response that writes it in the route's format (responses.GenerationResponse or a subclass). body: the request's
-    JSON when the route has read it already."""
-    state = server_state(request)
-    state.require_engine()
+    JSON when the route has read it already, with `state` (read_bound's) where the route has bound the model."""
+    if body is None:
+        try:
+            state, body = await read_bound(request)
+        except APIError as e:
+            if e.status not in (503, 404):
+                server_state(request).metrics.rejected["invalid"] += 1
+            raise
+    elif state is None:
+        state = server_state(request)
+        state.require_engine()
     try:
-        if body is None:
-            body = await read_json(request, state.settings.max_body_bytes)
+        return await _queue(request, state, body, parse, kind, response)
+    except BaseException:
+        release_lease(state)
+        raise
+
+
+async def _queue(request: Request, state: ServerState, body: dict[str, Any], parse: Callable[[Mapping[str, Any]], CompletionRequest],
+                 kind: str, response: Callable[[ServerState, CompletionRequest, Any, RequestRecord], Any]) -> Any:
+    try:
         req = await anyio.to_thread.run_sync(parse, body)
     except APIError:
         state.metrics.rejected["invalid"] += 1
         raise
     admission = state.admit(client_key(request))
+    lease = getattr(state, "lease", None)
+    if lease is not None:
+        admission.after.append(lease.release)
     try:
         gen, prompt_ids, max_tokens = await _prepare(state, req, kind)
     except BaseException:
@@ -495,4 +559,5 @@ async def _prepare(state: ServerState, req: CompletionRequest, kind: str) -> tup
 
 
 __all__ = ["Settings", "ServerState", "RequestRecord", "ResponseStore", "Stored", "Admission", "client_key", "BACKLOG", "server_state",
-           "model_stem", "read_json", "read_body", "JSON", "error_response", "send_json", "api_error", "request_spec", "prepare", "generate"]
+           "model_stem", "read_json", "read_body", "read_bound", "bind_body", "release_lease", "JSON", "error_response", "send_json",
+           "api_error", "request_spec", "prepare", "generate"]

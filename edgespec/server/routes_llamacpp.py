@@ -33,7 +33,7 @@ from edgespec.prompts.infill import ExtraChunk, indent_cut
 from edgespec.config import DrafterKind
 from . import schema
 from . import sse
-from .core import JSON, generate, read_body, send_json, server_state
+from .core import JSON, generate, read_bound, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .api_errors import APIError, bad
 from .bodies import Body, Bool, ErrorText, JsonNumber, Str, validate_body
@@ -287,7 +287,7 @@ def _response_for(body_hint: dict[str, Any]) -> type[LlamaCompletionResponse]:
 
 
 async def _llama_generate(request: Request, parse: Any, kind: str, model: type[LlamaBody]) -> Any:
-    body = await read_body(request)
+    state, body = await read_bound(request)
     try:
         m = validate_body(model, body)
     except APIError:
@@ -297,7 +297,7 @@ async def _llama_generate(request: Request, parse: Any, kind: str, model: type[L
             "prompt_text": body.get("prompt") if isinstance(body.get("prompt"), str) else "",
             "fields": tuple(m.response_fields) or None if m.response_fields is not None else None,  # [] = every field
             "n_indent": m.n_indent or 0}
-    return await generate(request, lambda _b: parse(body, m), kind, _response_for(hint), body=body)
+    return await generate(request, lambda _b: parse(body, m), kind, _response_for(hint), body=body, state=state)
 
 
 async def completion(request: Request) -> Any:
@@ -317,7 +317,7 @@ def _piece(b: bytes) -> Any:
 
 
 async def tokenize(request: Request) -> Response:
-    body = await read_body(request)
+    state, body = await read_bound(request)  # a pooled model's lease goes with `state` (pool.ModelState)
     m = validate_body(TokenizeBody, body)
     content = m.content
     if content is None:
@@ -328,7 +328,7 @@ async def tokenize(request: Request) -> Response:
     if size > limit:
         raise bad("content", f"content is {size} bytes of UTF-8; /tokenize takes at most {limit}"
                   + (" with with_pieces" if flags["with_pieces"] else "") + " (send it in parts)")
-    eng = server_state(request).loaded
+    eng = state.loaded
     ids = await anyio.to_thread.run_sync(
         lambda: eng.target.tokenize(content, add_special=flags["add_special"], parse_special=flags["parse_special"]))
     out: Any = [{"id": t, "piece": _piece(eng.target.token_bytes(t, special=True))} for t in ids] if flags["with_pieces"] else ids
@@ -336,9 +336,9 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    body = await read_body(request)
+    state, body = await read_bound(request)
     toks = validate_body(DetokenizeBody, body).tokens
-    eng = server_state(request).loaded
+    eng = state.loaded
     if toks is None:
         raise bad("tokens", "tokens must be an array of token ids")
     bad_ids = [t for t in toks if not 0 <= t < eng.target.n_vocab]
@@ -349,9 +349,9 @@ async def detokenize(request: Request) -> Response:
 
 
 async def apply_template(request: Request) -> Response:
-    body = await read_body(request)
+    state, body = await read_bound(request)
     req = schema.parse_chat({"messages": body.get("messages")})
-    eng = server_state(request).loaded
+    eng = state.loaded
     try:
         prompt = await anyio.to_thread.run_sync(lambda: eng.render(req.messages or []))
     except (TemplateError, ConfigError) as e:

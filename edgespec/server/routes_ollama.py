@@ -28,6 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Annotated, Any, Mapping
 
+import anyio
 from pydantic import Field, Strict
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,10 +38,11 @@ from edgespec import __version__
 from edgespec.errors import ConfigError, TemplateError
 from . import schema
 from . import sse
-from . import core
+from . import by_name, core
 from .core import JSON, ServerState, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
 from .api_errors import APIError, bad, unsupported
+from .pool import is_pinned, parse_keep_alive
 from .bodies import Body, Bool, ErrorText, Str, validate_body
 from .schema import CompletionRequest, InfillInput
 
@@ -337,16 +339,42 @@ class OllamaGenerateResponse(OllamaResponse):
 
 
 # --------------------------------------------------------------------------------------------- routes
+async def _bound(request: Request, cls: type[OllamaResponse]) -> tuple[ServerState, dict[str, Any]] | Response:
+    """The body and the state of the model it names (core.read_bound, with the body's keep_alive for a pooled model),
+    or the answer to a request that only unloads a pooled model (keep_alive 0 and no prompt, as Ollama)."""
+    state = server_state(request)
+    if state.pool is None:
+        return state, await read_body(request)
+    body = await core.read_json(request, state.settings.max_body_bytes)
+    name, ka = body.get("model"), body.get("keep_alive")
+    empty = (not body.get("prompt") and not body.get("suffix")) if cls is OllamaGenerateResponse else body.get("messages") == []
+    if empty and ka is not None and parse_keep_alive(ka) == 0 and not is_pinned(state, name) and isinstance(name, str):
+        plan = await anyio.to_thread.run_sync(state.pool.plan, name)
+        state.pool.unload(plan.name)
+        done = {"model": name, "created_at": _now(), "done": True, "done_reason": "unload"}
+        return JSON({**done, **({"response": ""} if cls is OllamaGenerateResponse else {"message": {"role": "assistant", "content": ""}})})
+    bound = await core.bind_body(state, body, ka)
+    if bound is not state:
+        body = {k: v for k, v in body.items() if k != "keep_alive"}  # honoured: not reported as ignored
+    return bound, body
+
+
 async def _run(request: Request, parse: Any, cls: type[OllamaResponse], kind: str) -> Any:
     try:
-        state = server_state(request)
-        body = await read_body(request)
+        got = await _bound(request, cls)
+        if isinstance(got, Response):
+            return got
+        state, body = got
         eng = state.loaded
         if cls is OllamaGenerateResponse and not body.get("prompt") and not body.get("suffix"):
             _common(body, eng.target.n_ctx, GENERATE_KEYS, validate_body(OllamaBody, body))  # the checks still apply
             # Ollama: an empty prompt loads the model and answers at once
             return JSON({"model": state.model_id, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
-        return await core.generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body)
+        if cls is OllamaResponse and body.get("messages") == [] and state is not server_state(request):
+            # Ollama: a chat with no messages loads the model and answers at once
+            return JSON({"model": state.model_id, "created_at": _now(), "message": {"role": "assistant", "content": ""},
+                         "done": True, "done_reason": "load"})
+        return await core.generate(request, lambda b: parse(b, eng.target.n_ctx, eng), kind, cls, body=body, state=state)
     except APIError as e:
         return ollama_error(e)
 
@@ -383,18 +411,27 @@ def _modified(eng: Engine) -> str:
 
 
 async def tags(request: Request) -> Response:
+    """The pinned model, then every model served by name."""
     state = server_state(request)
     try:
-        eng = state.require_engine()
+        pinned = [] if state.pool is not None and not state.pinned else [state.require_engine()]
+        listed = [{**_listed(state, eng), "modified_at": _modified(eng)} for eng in pinned]
+        names = {m["name"] for m in listed}
+        listed += [m for m in await anyio.to_thread.run_sync(by_name.ollama_tags, state) if m["name"] not in names]
     except APIError as e:
         return ollama_error(e)
-    return JSON({"models": [{**_listed(state, eng), "modified_at": _modified(eng)}]})
+    return JSON({"models": listed})
 
 
 async def show(request: Request) -> Response:
     state = server_state(request)
     try:
-        body = await read_body(request)
+        if state.pool is not None:
+            found = await _show_pooled(request, state)
+            if isinstance(found, Response):
+                return found
+            state = found
+        body = await read_body(request) if state.pool is None else {"model": state.model_id}
         eng = state.loaded
         want = body.get("model", body.get("name"))
         if not isinstance(want, str) or not want:
@@ -403,6 +440,31 @@ async def show(request: Request) -> Response:
             raise APIError(404, f"model '{want}' not found (this server serves '{_ollama_name(state)}')", param="model")
     except APIError as e:
         return ollama_error(e)
+    return _show(eng)
+
+
+async def _show_pooled(request: Request, state: ServerState) -> ServerState | Response:
+    """/api/show with a pool: the pinned model's state or a loaded pooled model's (its full answer), or the answer
+    from the model list for a model not loaded (show does not load it)."""
+    body = await core.read_json(request, state.settings.max_body_bytes)
+    want = body.get("model", body.get("name"))
+    if not isinstance(want, str) or not want:
+        raise bad("model", "model is required")
+    if is_pinned(state, want):
+        state.require_engine()
+        return state
+    plan = await anyio.to_thread.run_sync(state.pool.plan, want)  # 404 with the close matches
+    held = state.pool.get(plan.name)
+    e = await anyio.to_thread.run_sync(by_name.entry, state, plan.name)
+    if held is not None and not held.engine.closed:
+        return _show(held.engine)
+    details = by_name.ollama_details(e) if e is not None else {}
+    info = {"general.architecture": details.get("family", ""), "general.name": plan.name}
+    return JSON({"modelfile": "", "parameters": "", "template": "", "details": details, "model_info": info,
+                 "capabilities": ["completion"], "modified_at": by_name.iso(e.modified) if e is not None else _now()})
+
+
+def _show(eng: Engine) -> Response:
     info = eng.target.info
     try:
         infill = not eng.fim_tokens().missing
@@ -417,13 +479,15 @@ async def show(request: Request) -> Response:
 
 
 async def ps(request: Request) -> Response:
-    """The loaded model (one, for the server's life: it never expires)."""
+    """The models loaded: the pinned one (for the server's life: it never expires), then the pool's, each with when
+    it unloads."""
     state = server_state(request)
     try:
-        eng = state.require_engine()
+        pinned = [] if state.pool is not None and not state.pinned else [state.require_engine()]
     except APIError as e:
         return ollama_error(e)
-    return JSON({"models": [{**_listed(state, eng), "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx}]})
+    loaded = [{**_listed(state, eng), "expires_at": NEVER, "size_vram": 0, "context_length": eng.target.n_ctx} for eng in pinned]
+    return JSON({"models": loaded + await anyio.to_thread.run_sync(by_name.ollama_ps, state)})
 
 
 NEVER = "2318-08-08T00:00:00Z"  # Ollama's expires_at for a model kept loaded (keep_alive < 0): far in the future

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import schema
+from . import by_name, schema
 from .core import JSON, ServerState, error_response, generate, model_stem, server_state
 from .responses import GenerationResponse
 from .api_errors import APIError
@@ -24,7 +26,14 @@ async def completions(request: Request) -> Any:
 
 
 async def models(request: Request) -> Response:
-    return JSON({"object": "list", "data": [model_card(server_state(request))]})
+    """GET /v1/models: the pinned model's card, then those of the models served by name (by_name.openai_cards)."""
+    state = server_state(request)
+    if state.pool is None:
+        return JSON({"object": "list", "data": [model_card(state)]})
+    pinned = [model_card(state)] if state.pinned else []
+    ids = {c["id"] for c in pinned}
+    cards = await anyio.to_thread.run_sync(by_name.openai_cards, state)  # a source may read files
+    return JSON({"object": "list", "data": pinned + [c for c in cards if c["id"] not in ids]})
 
 
 async def model(request: Request) -> Response:
@@ -32,7 +41,17 @@ async def model(request: Request) -> Response:
     want = request.path_params["model_id"]
     if not want:  # /v1/models/ is the list
         return await models(request)
-    card = model_card(server_state(request))
+    state = server_state(request)
+    if state.pool is not None:
+        cards = ([model_card(state)] if state.pinned else []) + await anyio.to_thread.run_sync(by_name.openai_cards, state)
+        for c in cards:
+            if want == c["id"] or want in c["meta"].get("aliases", ()):
+                return JSON(c)
+        near = by_name.close_matches(want, [c["id"] for c in cards])
+        hint = f"; did you mean {', '.join(repr(m) for m in near)}?" if near else ""
+        return error_response(APIError(404, f"the model {want!r} does not exist{hint}", param="model", code="model_not_found",
+                                       extra={"close_matches": near}))
+    card = model_card(state)
     if want != card["id"]:
         return error_response(APIError(404, f"the model {want!r} does not exist (this server serves {card['id']!r})",
                                        param="model", code="model_not_found"))

@@ -30,7 +30,7 @@ from starlette.types import Send
 
 from . import schema
 from . import sse
-from .core import JSON, ResponseStore, Stored, generate, read_body, send_json, server_state
+from .core import JSON, ResponseStore, Stored, generate, read_bound, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, ignored_headers, timings
 from .api_errors import APIError, bad, unsupported
 from .bodies import MAX_TOKENS_LIMIT, Body, Bool, ErrorText, IntegerParam, Str, validate_body
@@ -400,22 +400,21 @@ class ResponsesResponse(GenerationResponse):
 
 # --------------------------------------------------------------------------------------------- routes
 async def create(request: Request) -> Any:
-    state = server_state(request)
-    body = await read_body(request)
+    state, body = await read_bound(request)
     holder: dict[str, ResponsesInput] = {}
 
     def parse(b: Mapping[str, Any]) -> CompletionRequest:
         req, holder["ri"] = parse_responses(b, state.stored)
         return req
 
-    out = await generate(request, parse, "chat", ResponsesResponse, body=body)
+    out = await generate(request, parse, "chat", ResponsesResponse, body=body, state=state)
     out.ri = holder["ri"]
     return out
 
 
 async def retrieve(request: Request) -> Response:
     state = server_state(request)
-    state.require_engine()
+    state.check_ready()
     rid = request.path_params["response_id"]
     item = state.stored.get(rid)
     if item is None:
