@@ -10,6 +10,7 @@ import os
 import socket
 import struct
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -151,6 +152,10 @@ def _header_timeout_protocol(seconds: float) -> Any:
 @click.option("--models-dir", "models_dirs", multiple=True, metavar="DIR", type=click.Path(exists=True, file_okay=False),
               help="Serve every GGUF in DIR by its name, loaded on first use (repeatable; see docs/server.md, \"Serving several models\"). "
                    "Without --target, no model is pinned.")
+@click.option("--discover/--no-discover", default=True, show_default=True,
+              help="Serve every model found on this machine by its name too (Ollama, LM Studio, Hugging Face and llama.cpp "
+                   "caches, your folders: `edgespec models list`), each with its best draft; --no-discover: the pinned pair "
+                   "(and --models-dir's models) only, and any model name reaches the pinned pair.")
 @click.option("--keep-alive", default="5m", show_default=True, envvar=KEEP_ALIVE_ENV, metavar="DURATION",
               help=f"How long a model served by name stays loaded when idle (\"30s\", \"5m\", \"1h\", seconds; 0 = unload after each "
                    f"request; negative = never); a request's Ollama keep_alive overrides it (env {KEEP_ALIVE_ENV}).")
@@ -175,7 +180,7 @@ def serve(**kw: Any) -> None:
               "parallel": kw.pop("parallel"), "cors_origins": tuple(kw.pop("cors_origins")), "alias": kw.pop("alias") or _name_alias(kw.get("target")),
               "log_level": kw.pop("log_level"), "header_timeout": kw.pop("header_timeout"),
               "stall_timeout": kw.pop("stall_timeout"), "client_share": kw.pop("client_share"),
-              "pool": {"models_dirs": [str(d) for d in kw.pop("models_dirs")], "keep_alive": _keep_alive(kw.pop("keep_alive")),
+              "pool": {"models_dirs": [str(d) for d in kw.pop("models_dirs")], "discover": kw.pop("discover"), "keep_alive": _keep_alive(kw.pop("keep_alive")),
                        "max_loaded": kw.pop("max_loaded")},
               "model_kw": dict(kw)}
     remote = check_rpc_endpoints(kw.get("rpc")) + check_rpc_endpoints(kw.get("draft_rpc"))
@@ -223,7 +228,7 @@ def run_server(params: dict[str, Any], sock: socket.socket) -> None:
             server.should_exit = True
 
     pool = model_pool(params)
-    pinned = load if pool is None or model_kw.get("target") is not None else None
+    pinned = load if pool is None or model_kw.get("target") is not None or not params.get("pool", {}).get("models_dirs") else None
     app = create_app(pinned, settings, on_load_error=on_load_error, pool=pool)
     if pinned is None:
         click.echo(f"edgespec: ready: serving {len(pool.entries())} model(s) by name, none pinned", err=True)  # type: ignore[union-attr]
@@ -285,14 +290,22 @@ def _keep_alive(value: str) -> float | None:
 
 
 def model_source(params: dict[str, Any]) -> Any:
-    """The models served by name (a pool.ModelSource), or None: serve the pinned pair only. --models-dir's folders."""
-    from edgespec.server.by_name import FolderSource
+    """The models served by name (a pool.ModelSource), or None: serve the pinned pair only. Every discovered model
+    (edgespec.models.Catalog, with --models-dir's folders added) unless --no-discover; with --no-discover, only
+    --models-dir's folders' models."""
+    from edgespec.models.catalog import Catalog
+    from edgespec.models.discover import Place, places
+    from edgespec.models.store import models_dir
+    from edgespec.server.by_name import CatalogSource
 
-    dirs = params.get("pool", {}).get("models_dirs") or []
-    if not dirs:
+    opts = params.get("pool", {})
+    dirs = [Place("folder", Path(d)) for d in opts.get("models_dirs") or []]
+    if not opts.get("discover", True) and not dirs:
         return None
+    where = (places(own=models_dir()) if opts.get("discover", True) else []) + dirs
     kw = params["model_kw"]
-    return FolderSource(dirs, n_ctx=kw.get("n_ctx") or 4096, n_threads=kw.get("threads"), n_gpu_layers=kw.get("n_gpu_layers") or 0)
+    return CatalogSource(Catalog(where), n_ctx=kw.get("n_ctx") or 4096, n_threads=kw.get("threads"),
+                         n_gpu_layers=kw.get("n_gpu_layers") or 0)
 
 
 def model_pool(params: dict[str, Any]) -> Any:

@@ -1,5 +1,6 @@
 """What the model routes list of the pool's models (/v1/models, /api/tags, /api/ps, /api/show of a model not
-loaded), and `FolderSource`, the simplest model source (pool.ModelSource): GGUF files served by their names."""
+loaded), `CatalogSource` (every discovered model, with its best draft: what `edgespec serve` uses) and `FolderSource`, the
+simplest model source (pool.ModelSource): GGUF files served by their names, drafts given."""
 
 from __future__ import annotations
 
@@ -74,6 +75,43 @@ class FolderSource:
         return LoadPlan(key, spec(str(files[key])), spec(draft) if draft else None)
 
 
+class CatalogSource:
+    """Every model discovery finds (edgespec.models.Catalog: edgespec's cache, Ollama, LM Studio, the Hugging Face and
+    llama.cpp caches, the user's folders; docs/models.md) served by its names, each loaded with its best draft
+    (Catalog.best_draft: same tokenizer, checked; expected to pay on this machine) or none. Only discovered models are
+    served: a request cannot name a file path. n_ctx, n_threads, n_gpu_layers: each model's ModelSpec's."""
+
+    def __init__(self, catalog: Any, *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
+        self.catalog = catalog
+        self.n_ctx, self.n_threads, self.n_gpu_layers = n_ctx, n_threads, n_gpu_layers
+
+    def entries(self) -> list[ModelEntry]:
+        out = []
+        for m in self.catalog.models():
+            if m.error:
+                continue  # `edgespec models list` says why; a request naming it is a 404 with the close matches
+            try:
+                modified = m.path.stat().st_mtime
+            except OSError:
+                continue
+            draft = self.catalog.best_draft(m)
+            digest = m.path.name[len("sha256-"):] if m.source == "ollama" and m.path.name.startswith("sha256-") else ""
+            out.append(ModelEntry(name=m.name, aliases=tuple(n for n in m.names if n != m.name), size=m.size,
+                                  family=m.architecture or "", parameter_size=param_size(m.parameters) if m.parameters else "",
+                                  quantization=m.quantization or "", modified=modified, digest=digest,
+                                  context_length=m.context_length, draft=draft.name if draft is not None else None))
+        return out
+
+    def plan(self, name: str) -> LoadPlan:
+        found = self.catalog.find(name)  # UnknownModelError, with the close matches
+        if found.source == "path":  # a file named by its path is not a discovered model
+            names = [m.name for m in self.catalog.models() if not m.error]
+            raise UnknownModelError(name, close_matches(name, names))
+        kw = {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers}
+        target, draft, _ = self.catalog.pair_specs(found, **kw)
+        return LoadPlan(found.name, target, draft)
+
+
 def _entries(state: ServerState) -> list[ModelEntry]:
     pool: ModelPool | None = state.pool
     if pool is None:
@@ -135,5 +173,5 @@ def entry(state: ServerState, name: str) -> ModelEntry | None:
     return None
 
 
-__all__ = ["FolderSource", "openai_cards", "ollama_tags", "ollama_ps", "ollama_name",
+__all__ = ["FolderSource", "CatalogSource", "openai_cards", "ollama_tags", "ollama_ps", "ollama_name",
            "ollama_details", "entry", "Held", "LoadPlan", "UnknownModelError", "close_matches"]

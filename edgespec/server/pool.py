@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 import anyio
 
 from edgespec.config import ModelSpec
+from edgespec import errors
 from edgespec.errors import EdgespecError
 from .api_errors import APIError
 from .core import ServerState, model_stem
@@ -71,13 +72,14 @@ class LoadPlan:
     draft: ModelSpec | None = None
 
 
-class UnknownModelError(EdgespecError):
+class UnknownModelError(errors.UnknownModelError):
     """A name no model in the source answers to; close_matches: names that look like it, the closest first."""
 
     def __init__(self, name: str, close_matches: Iterable[str] = ()) -> None:
-        self.name, self.close_matches = name, list(close_matches)
-        hint = f"; did you mean {', '.join(repr(m) for m in self.close_matches)}?" if self.close_matches else ""
-        super().__init__(f"model {name!r} not found{hint}")
+        matches = list(close_matches)
+        hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+        super().__init__(f"model {name!r} not found{hint}", matches)
+        self.name = name
 
 
 class ModelSource(Protocol):
@@ -501,6 +503,12 @@ def is_pinned(state: ServerState, name: Any) -> bool:
     return not isinstance(name, str) or not name or name in pinned_names(state)
 
 
+def looks_local(name: str) -> bool:
+    """Whether an unknown name is written as a local model's (Ollama's `name:tag`, `org/repo/file`, `hf:...`, a .gguf
+    file): such a name is a 404 with the close matches even beside a pinned model; any other reaches the pinned one."""
+    return ":" in name or "/" in name or name.lower().endswith(".gguf")
+
+
 async def bind(pool: ModelPool, state: ServerState, name: Any, keep_alive: Any = None) -> ServerState:
     """The state for the model a request names: `state` itself for the pinned model, else a ModelState over the
     pooled model (loaded first if it is not); 404 for an unknown name, 400 with no name and no pinned model."""
@@ -518,6 +526,9 @@ async def bind(pool: ModelPool, state: ServerState, name: Any, keep_alive: Any =
     try:
         plan = await anyio.to_thread.run_sync(pool.plan, name)  # a source may read files
     except APIError as e:
+        if e.code == "model_not_found" and state.pinned and not looks_local(name):
+            state.require_engine()  # "gpt-4o", "local": what OpenAI clients send reaches the pinned model, as without a pool
+            return state
         if e.code == "model_not_found" and state.engine is None and state.factory is not None:
             state.require_engine()  # perhaps the pinned model's name, not known until it has loaded: 503 while it loads
         raise

@@ -154,10 +154,15 @@ def test_serve_a_model_by_name_reports_that_name(trees, monkeypatch):
         monkeypatch.setenv(k, env[k])
     s = ServeProcess(["--target", "tinybig:latest", "--ctx", "256", "--threads", "1", "--parallel", "1"], timeout=120)
     try:
-        assert [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]] == ["tinybig:latest"]
+        ids = [m["id"] for m in httpx.get(s.url + "/v1/models").json()["data"]]
+        assert ids[0] == "tinybig:latest" and len(ids) == len(set(ids))  # the pinned model, then the others found, once each
+        assert "someone/tinysmall:q8" in ids
         r = httpx.post(s.url + "/v1/chat/completions", timeout=60,
                        json={"model": "tinybig:latest", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert r.status_code == 200 and r.json()["model"] == "tinybig:latest"
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60,  # another model found on the machine, by its name
+                       json={"model": "someone/tinysmall:q8", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["model"] == "someone/tinysmall:q8", r.text
         assert any("--draft auto" in ln and "drafts for" in ln for ln in s.lines), s.lines
     finally:
         s.stop()

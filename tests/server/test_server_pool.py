@@ -264,6 +264,12 @@ def test_the_pinned_model_with_a_pool(models_dir, tiny):
         for model in (None, "tiny-target", "tiny-target:latest"):  # no name, or the pinned one's: the pinned engine
             r = ask(srv, model)
             assert r.status_code == 200 and r.json()["model"] == "tiny-target"
+        for model in ("gpt-4o", "local"):  # what OpenAI clients send, unknown here: the pinned model, as without a pool
+            r = ask(srv, model)
+            assert r.status_code == 200 and r.json()["model"] == "tiny-target"
+        for model in ("gama:latest", "org/gama", "gama.gguf"):  # written as a local model's name: 404, the close matches
+            r = ask(srv, model)
+            assert r.status_code == 404 and "gamma" in r.json()["error"]["close_matches"], (model, r.text)
         assert loader.loads == {}
         assert ask(srv, "gamma").json()["model"] == "gamma" and loader.loads == {"gamma": 1}
         ids = [c["id"] for c in httpx.get(srv.url + "/v1/models").json()["data"]]
@@ -301,3 +307,56 @@ def test_serve_rejects_a_bad_keep_alive():
 
     r = CliRunner().invoke(serve, ["--keep-alive", "soon", "--port", "0"])
     assert r.exit_code == 2 and "--keep-alive" in r.output and "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------------------------------- discovered models
+def test_discovered_models_are_served_by_name_with_their_best_draft(tmp_path):
+    """`edgespec serve`'s source: the catalog over fake Ollama/LM Studio/HF/llama.cpp trees (support.model_trees).
+    The Ollama target loads with the draft discovery paired; a file path is not a name; a near miss is a 404 with the
+    close matches; a hostile entry (a manifest pointing outside its blobs) is not offered."""
+    from edgespec.models import Catalog, places
+    from edgespec.server.by_name import CatalogSource
+
+    from support.model_trees import write_model_trees
+
+    home = write_model_trees(tmp_path)
+    catalog = Catalog(places({"EDGESPEC_MODEL_DIRS": str(home["mine"])}, home["home"], system=False), use_cache=False)
+    source = CatalogSource(catalog, n_ctx=N_CTX, n_threads=1)
+    loader = Counting()
+    pool = ModelPool(source, loader=loader, memory_budget=1 << 40)
+    srv = ServerThread(create_app(None, pool=pool))
+    try:
+        best = catalog.best_draft("tinybig:latest")
+        assert best is not None
+        r = ask(srv, "tinybig")
+        assert r.status_code == 200, r.text
+        held = pool.get(catalog.find("tinybig").name)
+        assert held is not None and held.engine.draft is not None
+        assert Path(held.engine.draft.spec.path) == best.path  # the draft discovery paired, loaded with it
+        tags = {m["name"] for m in httpx.get(srv.url + "/api/tags").json()["models"]}
+        assert any(t.startswith("tinybig") for t in tags) and not any("escape" in t for t in tags)
+        r = ask(srv, str(home["target"]))  # a path on the server's disk is not a model name
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        r = ask(srv, "tinybg")
+        assert r.status_code == 404 and any("tinybig" in m for m in r.json()["error"]["close_matches"]), r.text
+    finally:
+        srv.stop()
+        pool.close()
+
+
+def test_serve_sources(tmp_path):
+    """serve's model source: discovery unless --no-discover; --models-dir's folders added; nothing with neither."""
+    from edgespec.cli.serve import model_source
+    from edgespec.server.by_name import CatalogSource
+
+    kw: dict[str, Any] = {"n_ctx": N_CTX}
+    assert model_source({"pool": {"discover": False, "models_dirs": []}, "model_kw": kw}) is None
+    (tmp_path / "m").mkdir()
+    write_dir = tmp_path / "m"
+    from support.tiny import write_tiny_model
+
+    write_tiny_model(write_dir / "solo.gguf", seed=1, name="solo")
+    only = model_source({"pool": {"discover": False, "models_dirs": [str(write_dir)]}, "model_kw": kw})
+    assert isinstance(only, CatalogSource) and [e.name for e in only.entries()] == ["solo"]
+    assert only.plan("solo").target.path == str(write_dir / "solo.gguf") and only.plan("solo").target.n_ctx == N_CTX
+    assert isinstance(model_source({"pool": {"models_dirs": []}, "model_kw": kw}), CatalogSource)
