@@ -56,6 +56,7 @@ class GGUFInfo:
     add_bos_token: bool | None
     chat_template: str | None
     tokens: list[str] = field(repr=False, default_factory=list)
+    token_types: list[int] = field(repr=False, default_factory=list)  # tokenizer.ggml.token_type (empty: not given)
 
     @property
     def quantization(self) -> str:
@@ -181,6 +182,7 @@ def _inspect_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
         add_bos_token=bool(add_bos) if add_bos is not None else None,
         chat_template=_text(kv.get("tokenizer.chat_template")),
         tokens=list(tokens),
+        token_types=list(kv.get("tokenizer.ggml.token_type") or ()),
     )
 
 

@@ -91,6 +91,8 @@ def write_tiny_model(
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "edgespec-tiny",
     fim: bool = False,
+    vocab: Sequence[str] | None = None,
+    merges: Sequence[str] | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
@@ -103,14 +105,20 @@ def write_tiny_model(
 
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens = tiny_vocab(extra_tokens, fim)
+    tokens = tiny_vocab(extra_tokens, fim) if vocab is None else list(vocab)
     for i, text in (token_overrides or {}).items():
         tokens[i] = text
     n_vocab = len(tokens)
     toktypes = [gguf.TokenType.NORMAL] * n_vocab
-    eos = 256 + len(MERGES)
-    for i in range(eos, eos + len(SPECIAL_TOKENS) + (len(FIM_TOKENS) if fim else 0)):
-        toktypes[i] = gguf.TokenType.CONTROL
+    if vocab is None:
+        eos = 256 + len(MERGES)
+        for i in range(eos, eos + len(SPECIAL_TOKENS) + (len(FIM_TOKENS) if fim else 0)):
+            toktypes[i] = gguf.TokenType.CONTROL
+    else:  # a vocabulary of the caller's: "<|...|>" and "<...>" tokens are control tokens, BOS the first, EOS <|im_end|>
+        control = [i for i, t in enumerate(tokens) if len(t) > 2 and t.startswith("<") and t.endswith(">")]
+        for i in control:
+            toktypes[i] = gguf.TokenType.CONTROL
+        eos = control[0]
     head_dim = d_model // n_head
 
     w = gguf.GGUFWriter(str(path), architecture)
@@ -129,9 +137,9 @@ def write_tiny_model(
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
-    w.add_token_merges(MERGES)
+    w.add_token_merges(list(MERGES if merges is None else merges))
     w.add_bos_token_id(eos)
-    w.add_eos_token_id(eos + 2)  # <|im_end|> ends an answer, as in chat models
+    w.add_eos_token_id(eos + 2 if vocab is None else tokens.index("<|im_end|>"))  # <|im_end|> ends an answer, as in chat models
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -207,3 +215,26 @@ def write_tiny_set(directory: str | Path) -> dict[str, Path]:
     text.write_text("this is a text file, not a GGUF model\n")
     files["text"] = text
     return files
+
+
+# A tokenizer of another family for cross-vocabulary drafting: the byte tokens in reverse order (other ids), other
+# merges (" a", "bc", "abc": text splits differently than with MERGES) and other control tokens (<|im_end|> shared).
+FOREIGN_MERGES = ["Ġ a", "b c", "a bc"]
+FOREIGN_SPECIAL = ["<s>", "</s>", "<|im_end|>", "<unused0>"]
+
+
+def foreign_vocab() -> list[str]:
+    b2u = bytes_to_unicode()
+    return [m.replace(" ", "") for m in FOREIGN_MERGES] + FOREIGN_SPECIAL + [b2u[b] for b in range(255, -1, -1)]
+
+
+def write_tiny_foreign_draft(path: str | Path, *, seed: int = 2, layer_scale: float = 0.4, **kw: object) -> Path:
+    """A draft whose tokenizer differs from the standard one (foreign_vocab): its hot tokens are the target's hot
+    characters at their ids here."""
+    vocab = foreign_vocab()
+    b2u = bytes_to_unicode()
+    hot = tuple(vocab.index(b2u[ord(c)]) for c in "abcdefgh ")
+    return write_tiny_model(
+        path, seed=seed, layer_scale=layer_scale, vocab=vocab, merges=FOREIGN_MERGES, hot_tokens=hot,
+        name="tiny-foreign-draft", **kw,  # type: ignore[arg-type]
+    )
