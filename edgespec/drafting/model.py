@@ -24,8 +24,11 @@ from .base import Outcome, Proposal
 class DraftModel(Protocol):
     """What the speculator needs from a model (backend.Model has it)."""
 
-    n_ctx: int
-    n_vocab: int
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
 
     @property
     def n_past(self) -> int: ...

@@ -195,7 +195,7 @@ def write_tiny_fim_pair(directory: str | Path) -> dict[str, Path]:
 
 def write_tiny_set(directory: str | Path) -> dict[str, Path]:
     """The standard set used by tests and `edgespec demo`: a target, a compatible draft, a bad draft, a draft
-    equal to the target, a mismatched-vocabulary model, and broken files."""
+    equal to the target, mismatched-vocabulary models (one of another script), and broken files."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files = {
@@ -210,6 +210,7 @@ def write_tiny_set(directory: str | Path) -> dict[str, Path]:
         "mismatch_size": write_tiny_model(d / "tiny-mismatch-size.gguf", seed=5, extra_tokens=300, name="tiny-big"),
         "f64": write_tiny_model(d / "tiny-f64.gguf", seed=6, weight_dtype=np.float64, name="tiny-f64"),
     }
+    files["other_script"] = write_tiny_other_script(d / "tiny-other-script.gguf")  # shares no ordinary token
     files["truncated"] = write_truncated_copy(files["target"], d / "tiny-truncated.gguf")
     text = d / "not-a-model.gguf"
     text.write_text("this is a text file, not a GGUF model\n")
@@ -238,3 +239,11 @@ def write_tiny_foreign_draft(path: str | Path, *, seed: int = 2, layer_scale: fl
         path, seed=seed, layer_scale=layer_scale, vocab=vocab, merges=FOREIGN_MERGES, hot_tokens=hot,
         name="tiny-foreign-draft", **kw,  # type: ignore[arg-type]
     )
+
+
+def write_tiny_other_script(path: str | Path, **kw: object) -> Path:
+    """A model of another script: its ordinary tokens are Cyrillic, none of them a token of the standard vocabulary
+    (only its header is read: a pair with it is refused before any weights load)."""
+    letters = [chr(0x430 + i) for i in range(32)]
+    vocab = letters + [a + b for a in letters[:8] for b in letters[:8]] + ["<s>", "<|im_end|>"]
+    return write_tiny_model(path, vocab=vocab, merges=[letters[0] + " " + letters[1]], hot_tokens=(0, 1, 2), name="tiny-other-script", **kw)  # type: ignore[arg-type]
