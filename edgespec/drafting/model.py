@@ -62,7 +62,8 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 class ModelSpeculator:
-    """Drafts with a small model that shares the target's tokenizer.
+    """Drafts with a small model that shares the target's tokenizer (a draft of another vocabulary comes wrapped in a
+    cross_vocab.CrossVocabDraft, which makes it one).
 
     The draft's KV cache follows the conversation through `sync` (common-prefix reuse): each cycle it decodes only
     the tokens it has not seen, then one token per drafted position. Drafting stops at an end-of-generation token,
