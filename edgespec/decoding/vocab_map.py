@@ -170,12 +170,14 @@ def pair_mode(target: TokenTable, draft: TokenTable, vmap: VocabMap, same: bool)
     return "intersection" if vmap.coverage >= MIN_COVERAGE else "none"
 
 
-def restrict_logits(draft_logits: np.ndarray, vmap: VocabMap) -> np.ndarray:
+def restrict_logits(draft_logits: np.ndarray, vmap: VocabMap, out: np.ndarray | None = None) -> np.ndarray:
     """A draft's logits row as a target row: the shared tokens' logits at their target ids, -inf elsewhere. Any
     softmax, temperature or filter of it is the draft's distribution restricted to the shared tokens and renormalised
-    (`restrict_probs` of the same distribution)."""
+    (`restrict_probs` of the same distribution). out: a row of -inf outside the shared ids to write into (a buffer
+    reused from row to row: only the shared ids are written)."""
     row = np.asarray(draft_logits)
-    out = np.full(vmap.n_target, -np.inf, dtype=row.dtype if row.dtype.kind == "f" else np.float32)
+    if out is None:
+        out = np.full(vmap.n_target, -np.inf, dtype=row.dtype if row.dtype.kind == "f" else np.float32)
     out[vmap.shared_t] = row[vmap.shared_d]
     return out
 

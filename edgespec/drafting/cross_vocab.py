@@ -45,6 +45,7 @@ class CrossVocabDraft:
         self._fixed = 0  # the leading target tokens translated as one text (no boundary inside)
         self._bounds: list[int] = [0]  # _bounds[j]: len(_d) after _t[: _fixed + j]
         self._memo: dict[int, tuple[int, ...]] = {}
+        self._buf: np.ndarray | None = None  # decode_next's row
         self.name = getattr(draft, "name", "draft")
 
     # -- the DraftModel protocol, in target ids -------------------------------------------------------------------
@@ -74,10 +75,15 @@ class CrossVocabDraft:
         return np.stack([restrict_logits(r, self.vmap) for r in out])
 
     def decode_next(self, token: int) -> np.ndarray:
+        """The row after a drafted token, in a buffer lent until the next decode (as the draft's own decode_next):
+        -inf outside the shared ids, which are all written every time."""
         step = getattr(self.draft, "decode_next", None)
         d = self._draft_id(token)
         row = step(d) if step is not None else self.draft.decode([d], self.draft.n_past, (0,))[0]
-        return restrict_logits(row, self.vmap)
+        if self._buf is None or self._buf.dtype != row.dtype:
+            self._buf = restrict_logits(row, self.vmap)
+            return self._buf
+        return restrict_logits(row, self.vmap, out=self._buf)
 
     def is_eog(self, token: int) -> bool:
         d = int(self.vmap.t2d[token]) if 0 <= token < self.vmap.n_target else -1
