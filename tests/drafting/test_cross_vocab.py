@@ -109,3 +109,32 @@ def test_rows_are_the_target_vocabulary_with_only_shared_tokens() -> None:
     # the window: what the translation adds over the target's count is taken off the draft's
     assert w.n_ctx == fake.n_ctx - (6 - 3)
     assert w.common_prefix([3, 4, 2]) == 3 and w.common_prefix([3, 4, 2, 1]) == 3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_a_model_speculator_over_it_proposes_shared_tokens_with_their_restricted_q(temperature: float) -> None:
+    """ModelSpeculator unchanged over the wrapper: every drafted id has a draft image, and a sampled draft's q is the
+    draft's row restricted to the shared tokens and renormalised (0 elsewhere, sum 1)."""
+    from edgespec.config import SamplingParams, SpecConfig
+    from edgespec.decoding.sampling import warp
+    from edgespec.decoding.vocab_map import restrict_probs
+    from edgespec.drafting.model import ModelSpeculator
+    from edgespec.drafting.model_policy import Controller
+
+    from support.cost_curves import costs
+
+    w, _ = wrapper()
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+    spec = ModelSpeculator(w, params, Controller(SpecConfig(draft_max=3, adaptive=False), costs({1: 1.0, 4: 1.0}, 0.1)))
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        prop = spec.propose([3, 4, 2], 3, rng)
+        assert prop.tokens and all(w.vmap.t2d[t] >= 0 for t in prop.tokens)
+        for q in prop.q:
+            if temperature == 0.0:
+                assert q is None
+                continue
+            dense = np.asarray(q)
+            # the fake's rows are arange(n) plus a constant: the same distribution at every position
+            want = restrict_probs(warp(np.arange(len(D), dtype=np.float32), params, ()), w.vmap)
+            assert np.abs(dense - want).max() < 1e-6 and dense[[3, 4, 7]].sum() == 0.0
