@@ -123,7 +123,9 @@ class CrossVocabDraft:
     def _start(self, tokens: Sequence[int]) -> None:
         self._t = [int(t) for t in tokens]
         if self._retokenize:
-            self._d = list(self._tokenize(b"".join(self._piece(t) for t in self._t), True, True))
+            # whole characters only (a context may end inside one): the draft's tokenizer reads UTF-8
+            text = b"".join(self._piece(t) for t in self._t).decode("utf-8", "replace").encode("utf-8")
+            self._d = list(self._tokenize(text, True, True))
             self._fixed, self._bounds = len(self._t), [len(self._d)]
             return
         self._d, self._fixed, self._bounds = [], 0, [0]

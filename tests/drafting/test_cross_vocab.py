@@ -138,3 +138,16 @@ def test_a_model_speculator_over_it_proposes_shared_tokens_with_their_restricted
             # the fake's rows are arange(n) plus a constant: the same distribution at every position
             want = restrict_probs(warp(np.arange(len(D), dtype=np.float32), params, ()), w.vmap)
             assert np.abs(dense - want).max() < 1e-6 and dense[[3, 4, 7]].sum() == 0.0
+
+
+def test_a_prompt_that_ends_inside_a_character_is_read_as_whole_characters() -> None:
+    seen: list[bytes] = []
+
+    def recording(data: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        seen.append(data)
+        return tokenize(data, add_special, parse_special)
+
+    w = CrossVocabDraft(FakeDraft(), build_map(T, D), target_piece=PIECES.__getitem__, tokenize=recording, retokenize_prompt=True)
+    w.translate([0, 6])  # "a" then the first byte of a three-byte character
+    assert seen == ["a\ufffd".encode()]
+    assert w.translate([0, 6, 2])[-1] == 1  # later tokens one by one
