@@ -14,7 +14,7 @@ often it is right: exactness never depends on it.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -47,6 +47,14 @@ class CrossVocabDraft:
         self._memo: dict[int, tuple[int, ...]] = {}
         self._buf: np.ndarray | None = None  # decode_next's row
         self.name = getattr(draft, "name", "draft")
+
+    @property
+    def vocabulary(self) -> dict[str, Any]:
+        """How the draft pairs with the target (GenerationStats.controller["vocabulary"])."""
+        return {
+            "mode": "intersection" if self._retokenize else "mapped", "shared": self.vmap.n_shared,
+            "coverage": round(self.vmap.coverage, 4),
+        }
 
     # -- the DraftModel protocol, in target ids -------------------------------------------------------------------
     @property

@@ -166,7 +166,9 @@ class ModelSpeculator:
         self.controller.skipped(outcome.n_emitted)
 
     def stats(self) -> dict[str, Any]:
-        return self.controller.stats()
+        out = self.controller.stats()
+        vocabulary = getattr(self.model, "vocabulary", None)  # a draft of another vocabulary says how it pairs
+        return {**out, "vocabulary": vocabulary} if vocabulary else out
 
     def expected_rate(self, context: Sequence[int]) -> float | None:
         """Tokens per second a draft for `context` is expected to deliver now (Controller.expected_rate), counting

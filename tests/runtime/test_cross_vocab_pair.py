@@ -68,6 +68,7 @@ def test_greedy_and_seeded_output_equal_plain(files: dict[str, Path], draft: str
             b = spec.generate(p, sampling=GREEDY, max_tokens=40)
             assert b.token_ids == a.token_ids, p
             drafted, accepted = drafted + b.stats.n_drafted, accepted + b.stats.n_accepted
+            assert b.stats.controller["vocabulary"]["mode"] == spec.vocab_pair.mode
             seeded = SamplingParams(temperature=0.9, seed=7)
             assert spec.generate(p, sampling=seeded, max_tokens=30).token_ids == plain.generate(p, sampling=seeded, max_tokens=30).token_ids
         assert drafted > 0 and accepted > 0
