@@ -171,7 +171,8 @@ class Engine:
         memory: str | os.PathLike[str] | bool | None = True,
         parallel: int | None = None,
     ) -> "Engine":
-        """Validate both files, check that they share a tokenizer (before any weights load), load them and
+        """Validate both files, check how their vocabularies pair (llama/vocab_pair.py; a draft that shares too little is
+        refused before any weights load), load them and
         measure decode costs (cached per machine, checked at every load; calibrate_costs=False measures nothing and
         plans with a fixed flat, GPU-like curve: drafting always looks cheap). prompt_cache_mb: host memory for KV
         snapshots of conversations the engine left (0 = none), per model. memory (suffix drafters only): True keeps
