@@ -72,6 +72,12 @@ def test_greedy_and_seeded_output_equal_plain(files: dict[str, Path], draft: str
             seeded = SamplingParams(temperature=0.9, seed=7)
             assert spec.generate(p, sampling=seeded, max_tokens=30).token_ids == plain.generate(p, sampling=seeded, max_tokens=30).token_ids
         assert drafted > 0 and accepted > 0
+        # under a constraint the draft's restricted row is masked as the target's: still plain decoding's output
+        from edgespec.decoding.constraint import Constraint
+
+        c = Constraint.regex(r"(ab|ba|cd)[a-h ]{6,12}")
+        b = spec.generate("abc", sampling=GREEDY, max_tokens=20, constraint=c)
+        assert b.token_ids == plain.generate("abc", sampling=GREEDY, max_tokens=20, constraint=c).token_ids
         # a conversation goes on: the draft's cache follows by common prefix, rolled back after rejections
         for _ in range(2):
             b = spec.generate(PROMPTS[0] + " xyz", sampling=GREEDY, max_tokens=20)
