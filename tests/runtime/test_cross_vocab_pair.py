@@ -1,5 +1,5 @@
 """Drafting across vocabularies on tiny real GGUF models (docs/vocabularies.md): the pair's mode from the headers,
-greedy and seeded speculative output equal to plain decoding with a draft of another tokenizer (an intersection:
+greedy, seeded and constrained speculative output equal to plain decoding with a draft of another tokenizer (an intersection:
 other ids, merges and control tokens) and with one that differs only in a control token (ids mapped), the refusal
 of a draft that shares nothing, and the hardware gate keeping a draft that cannot pay switched off."""
 
