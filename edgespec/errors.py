@@ -21,7 +21,7 @@ class ModelFileError(EdgespecError):
 
 
 class IncompatiblePairError(EdgespecError):
-    """Draft and target do not share a tokenizer."""
+    """Draft and target share too little of a vocabulary for the draft to propose from (docs/vocabularies.md)."""
 
 
 class BackendError(EdgespecError):

@@ -1,4 +1,5 @@
-"""`edgespec info FILE [DRAFT]`: what a GGUF file is, and whether two files can be paired."""
+"""`edgespec info FILE [DRAFT]`: what a GGUF file is, and whether two files can be paired (and how: the same
+vocabulary, special tokens mapped, a vocabulary intersection with its coverage, or not worth drafting)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
     """Describe a GGUF file (a path or a model's name); with two (TARGET DRAFT), say whether they can be paired; with --rpc, the servers."""
     from edgespec.config import check_rpc_endpoints
     from edgespec.llama.gguf_check import check_pair, inspect_gguf
+    from edgespec.llama.vocab_pair import pair_vocab
 
     if len(files) > 2:
         raise click.UsageError("give one file, or two (target then draft)")
@@ -55,6 +57,8 @@ def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
         c = check_pair(infos[0], infos[1])
         result["compatible"] = c.ok
         result["problems"] = list(c.problems)
+        pair = pair_vocab(infos[0], infos[1])
+        result["vocabulary"] = pair.describe()
     result["threads"] = _threads()
     if as_json:
         out(json.dumps(result, indent=2))
@@ -79,6 +83,7 @@ def info(files: tuple[str, ...], rpc: str | None, as_json: bool) -> None:
             for d in server["devices"]:
                 out(f"  {d['name']:<12} {d['free'] / 2**20:,.0f} MiB free of {d['total'] / 2**20:,.0f} MiB")
         if len(infos) == 2:
-            out("pair: " + ("compatible" if result["compatible"] else "INCOMPATIBLE: " + "; ".join(result["problems"])))
-    if len(infos) == 2 and not result["compatible"]:
+            out("pair: " + ("compatible" if result["compatible"] else "differs: " + "; ".join(result["problems"])))
+            out(f"drafting: {pair.line()}")
+    if len(infos) == 2 and result["vocabulary"]["mode"] == "none":
         sys.exit(1)

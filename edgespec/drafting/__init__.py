@@ -8,6 +8,8 @@ the one function that builds them (make_speculator).
     model+suffix  the same with the suffix index
     none          plain decoding
 
+A draft of another vocabulary is wrapped in cross_vocab.CrossVocabDraft (the draft in target ids).
+
 Owns also what those objects use: the cost model (costs), acceptance estimators (estimators), the draft-length and
 tree policies (model_policy, lookup_policy, tree_shape), the live-rate check (rate_guard), the hardware curves
 measured once per machine (calibration), what the engine carries between generations (learning), and the lookup and

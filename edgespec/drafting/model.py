@@ -24,8 +24,11 @@ from .base import Outcome, Proposal
 class DraftModel(Protocol):
     """What the speculator needs from a model (backend.Model has it)."""
 
-    n_ctx: int
-    n_vocab: int
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_vocab(self) -> int: ...
 
     @property
     def n_past(self) -> int: ...
@@ -59,7 +62,8 @@ def top_probability(logits: np.ndarray) -> float:
 
 
 class ModelSpeculator:
-    """Drafts with a small model that shares the target's tokenizer.
+    """Drafts with a small model that shares the target's tokenizer (a draft of another vocabulary comes wrapped in a
+    cross_vocab.CrossVocabDraft, which makes it one).
 
     The draft's KV cache follows the conversation through `sync` (common-prefix reuse): each cycle it decodes only
     the tokens it has not seen, then one token per drafted position. Drafting stops at an end-of-generation token,
@@ -162,7 +166,9 @@ class ModelSpeculator:
         self.controller.skipped(outcome.n_emitted)
 
     def stats(self) -> dict[str, Any]:
-        return self.controller.stats()
+        out = self.controller.stats()
+        vocabulary = getattr(self.model, "vocabulary", None)  # a draft of another vocabulary says how it pairs
+        return {**out, "vocabulary": vocabulary} if vocabulary else out
 
     def expected_rate(self, context: Sequence[int]) -> float | None:
         """Tokens per second a draft for `context` is expected to deliver now (Controller.expected_rate), counting

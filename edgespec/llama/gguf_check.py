@@ -68,6 +68,7 @@ class GGUFInfo:
     # touches (SPECIAL_ID_KEYS present in the file): what tokenizer_family hashes
     tokenizer_digests: dict[str, str] = field(repr=False, default_factory=dict)
     special_ids: dict[str, int] = field(repr=False, default_factory=dict)
+    token_types: list[int] = field(repr=False, default_factory=list)  # tokenizer.ggml.token_type (empty: not given)
 
     @property
     def quantization(self) -> str:
@@ -201,6 +202,7 @@ def header_info(p: Path, h: GGUFHeader) -> GGUFInfo:
         tokenizer_digests=dict(h.digests),
         special_ids={k: int(kv[f"tokenizer.ggml.{k}_token_id"]) for k in SPECIAL_ID_KEYS
                      if isinstance(kv.get(f"tokenizer.ggml.{k}_token_id"), int)},
+        token_types=list(kv.get("tokenizer.ggml.token_type") or ()),
     )
 
 

@@ -53,7 +53,8 @@ from .job import Chunk, Job
 from .prompt import Prompts
 from .runner import Plan, generation_steps
 from .slots import Slots
-from edgespec.llama.gguf_check import inspect_gguf, require_compatible
+from edgespec.llama.gguf_check import inspect_gguf
+from edgespec.llama.vocab_pair import VocabPair, require_pairable
 from edgespec.prompts.infill import ExtraChunk, FimTokens
 from .request import AUTO, DrafterKind, GenerationRequest, InfillPrompt, parse_drafter, resolve_drafter
 from edgespec.decoding.sampling import PositionalUniforms
@@ -133,7 +134,9 @@ class Engine:
         self.memory_path = os.fspath(memory_path) if memory_path is not None else None
         if draft is not None and draft.parallel < target.parallel:
             raise ConfigError(f"the draft holds {draft.parallel} slots and the target {target.parallel}: load both with the same parallel")
-        self.slots = Slots(target, draft, self.learning)
+        # how the draft's vocabulary pairs with the target's: the same, mapped ids or an intersection (vocab_pair.py)
+        self.vocab_pair: VocabPair | None = require_pairable(target.info, draft.info) if draft is not None else None
+        self.slots = Slots(target, draft, self.learning, self.vocab_pair)
         self._worker = Worker(
             max_queue, parallel=target.parallel, execute=self.slots.execute, choose_slot=self.slots.choose,
             park=self.slots.park, unpark=self.slots.unpark,
@@ -168,7 +171,8 @@ class Engine:
         memory: str | os.PathLike[str] | bool | None = True,
         parallel: int | None = None,
     ) -> "Engine":
-        """Validate both files, check that they share a tokenizer (before any weights load), load them and
+        """Validate both files, check how their vocabularies pair (llama/vocab_pair.py; a draft that shares too little is
+        refused before any weights load), load them and
         measure decode costs (cached per machine, checked at every load; calibrate_costs=False measures nothing and
         plans with a fixed flat, GPU-like curve: drafting always looks cheap). prompt_cache_mb: host memory for KV
         snapshots of conversations the engine left (0 = none), per model. memory (suffix drafters only): True keeps
@@ -195,7 +199,7 @@ class Engine:
         if draft is not None and choice not in (DrafterKind.NGRAM, DrafterKind.NONE):
             dspec = _as_spec(draft)
             dinfo = inspect_gguf(dspec.path)
-            require_compatible(tinfo, dinfo)
+            require_pairable(tinfo, dinfo)  # the same vocabulary, or one a draft can propose from (vocab_pair.py)
         cache_bytes = int(prompt_cache_mb * 2**20)
         kind = resolve_drafter(choice, draft_model=dspec is not None)  # before any weights load
         # tree sequences: the suffix drafters' trees, or a draft model's siblings (draft-model trees)

@@ -47,7 +47,7 @@ def generation_steps(
     logprobs = req.logprobs
     stats.timings.queue = job.started_at - job.enqueued
     cost = learning.cost_model()  # frozen with a frozen curve
-    speculator = learning.speculator(kind, spec, sampling, cost, draft, tree_paths=target.tree_paths)
+    speculator = learning.speculator(kind, spec, sampling, cost, slots.drafting(draft), tree_paths=target.tree_paths)
     stats.costs = {**cost.describe(), "source": costs_source}
     detok = StreamingDetokenizer(target.token_bytes, req.stop or ())
     steps = speculate_steps(

@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from edgespec.drafting.cross_vocab import CrossVocabDraft
 from edgespec.drafting.learning import LearningState
+from edgespec.drafting.model import DraftModel
 from edgespec.errors import BackendError
 from edgespec.llama.backend import DecodePart, Model, Slot
+from edgespec.llama.vocab_pair import VocabPair
 
 from .job import Job
 from .steps import Verify
@@ -25,8 +28,9 @@ class Slots:
     for several where the live curve says it pays). Holds the models and the learnt costs, not the engine (the
     worker's thread must not keep the engine alive)."""
 
-    def __init__(self, target: Model, draft: Model | None, learning: LearningState) -> None:
+    def __init__(self, target: Model, draft: Model | None, learning: LearningState, vocab_pair: VocabPair | None = None) -> None:
         self.target, self.draft, self.learning = target, draft, learning
+        self.vocab_pair = vocab_pair  # how the draft's vocabulary pairs with the target's (None: no draft)
         self._uses = 0
         self._last_use: dict[int, int] = {}  # slot -> when choose() last gave it out
         self.last_rows: dict[int, int] = {}  # slot -> rows of its generation's last verify decode, when it was batched
@@ -41,6 +45,18 @@ class Slots:
 
     def models(self, slot: int) -> tuple[Slot, Slot | None]:
         return self.target.slot(slot), self.draft.slot(slot) if self.draft is not None else None
+
+    def drafting(self, draft: Slot | None) -> DraftModel | None:
+        """The draft slot as the speculator sees it: itself for a draft of the target's vocabulary, else a
+        CrossVocabDraft over it (the draft in target ids: vocab_map.py's restriction out, its own ids in)."""
+        pair = self.vocab_pair
+        if draft is None or pair is None or pair.vmap is None or self.draft is None:
+            return draft
+        target, model = self.target, self.draft
+        return CrossVocabDraft(
+            draft, pair.vmap, target_piece=lambda t: target.token_bytes(t, special=True),
+            tokenize=model.vocab.tokenize_bytes, retokenize_prompt=pair.mode == "intersection",
+        )
 
     def choose(self, job: Job, free: list[int]) -> int:
         """The free slot whose target cache already holds the longest prefix of the job's prompt; on a tie the one

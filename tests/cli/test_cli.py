@@ -33,8 +33,11 @@ def test_info_one_and_two_files(tiny):
     r = run("info", str(tiny["target"]), str(tiny["draft"]))
     assert r.exit_code == 0 and "pair: compatible" in r.output
     r = run("info", "--json", str(tiny["target"]), str(tiny["mismatch_text"]))
+    assert r.exit_code == 0  # two ordinary tokens differ: drafted with the ids mapped (docs/vocabularies.md)
+    assert json.loads(r.stdout)["compatible"] is False and json.loads(r.stdout)["vocabulary"]["mode"] == "mapped"
+    r = run("info", "--json", str(tiny["target"]), str(tiny["other_script"]))
     assert r.exit_code == 1
-    assert json.loads(r.stdout)["compatible"] is False
+    assert json.loads(r.stdout)["vocabulary"]["mode"] == "none"
 
 
 @pytest.mark.parametrize("key, words", [("truncated", "truncated"), ("text", "not a GGUF file"), ("f64", "F64")])
@@ -69,9 +72,13 @@ def test_generate_reads_stdin(tiny):
 
 
 def test_mismatched_pair_is_refused(tiny):
-    r = CliRunner().invoke(main, ["generate", "hi", "--target", str(tiny["target"]), "--draft", str(tiny["mismatch_size"])])
+    """A draft sharing nothing with the target is refused; one of another vocabulary that shares enough drafts."""
+    r = CliRunner().invoke(main, ["generate", "hi", "--target", str(tiny["target"]), "--draft", str(tiny["other_script"])])
     assert r.exit_code == 1
-    assert "cannot be used with target" in r.stderr and "vocabulary sizes differ by 300" in r.stderr
+    assert "cannot be used with target" in r.stderr and "not worth drafting" in r.stderr
+    args = ["--draft", str(tiny["mismatch_size"]), "--max-tokens", "4", "--ctx", "256"]
+    r = CliRunner().invoke(main, ["generate", "hi", "--target", str(tiny["target"]), *args])
+    assert r.exit_code == 0, r.output
 
 
 def test_bad_settings(tiny):

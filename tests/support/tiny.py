@@ -91,7 +91,8 @@ def write_tiny_model(
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "edgespec-tiny",
     fim: bool = False,
-    merges: Sequence[str] = MERGES,
+    vocab: Sequence[str] | None = None,
+    merges: Sequence[str] | None = None,
     split_max_tensors: int = 0,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
@@ -101,20 +102,26 @@ def write_tiny_model(
     (a different tokenizer from the default one: see write_tiny_fim_pair). `weight_dtype=np.float64` writes F64 matrices,
     which llama.cpp cannot compute (a validation test case). `merges` other than MERGES: another tokenizer with the
     same tokens. split_max_tensors > 0 writes a split model, <stem>-0000i-of-0000N.gguf (the first part's path is
-    returned).
+    returned). `vocab`: a token list of the caller's (a foreign tokenizer: see write_foreign_draft).
     """
     import gguf
 
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens = tiny_vocab(extra_tokens, fim)
+    tokens = tiny_vocab(extra_tokens, fim) if vocab is None else list(vocab)
     for i, text in (token_overrides or {}).items():
         tokens[i] = text
     n_vocab = len(tokens)
     toktypes = [gguf.TokenType.NORMAL] * n_vocab
-    eos = 256 + len(MERGES)
-    for i in range(eos, eos + len(SPECIAL_TOKENS) + (len(FIM_TOKENS) if fim else 0)):
-        toktypes[i] = gguf.TokenType.CONTROL
+    if vocab is None:
+        eos = 256 + len(MERGES)
+        for i in range(eos, eos + len(SPECIAL_TOKENS) + (len(FIM_TOKENS) if fim else 0)):
+            toktypes[i] = gguf.TokenType.CONTROL
+    else:  # a vocabulary of the caller's: "<|...|>" and "<...>" tokens are control tokens, BOS the first, EOS <|im_end|>
+        control = [i for i, t in enumerate(tokens) if len(t) > 2 and t.startswith("<") and t.endswith(">")]
+        for i in control:
+            toktypes[i] = gguf.TokenType.CONTROL
+        eos = control[0]
     head_dim = d_model // n_head
 
     w = gguf.GGUFWriter(str(path), architecture, split_max_tensors=split_max_tensors)
@@ -133,9 +140,9 @@ def write_tiny_model(
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
-    w.add_token_merges(list(merges))
+    w.add_token_merges(list(MERGES if merges is None else merges))
     w.add_bos_token_id(eos)
-    w.add_eos_token_id(eos + 2)  # <|im_end|> ends an answer, as in chat models
+    w.add_eos_token_id(eos + 2 if vocab is None else tokens.index("<|im_end|>"))  # <|im_end|> ends an answer, as in chat models
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -193,7 +200,7 @@ def write_tiny_fim_pair(directory: str | Path) -> dict[str, Path]:
 
 def write_tiny_set(directory: str | Path) -> dict[str, Path]:
     """The standard set used by tests and `edgespec demo`: a target, a compatible draft, a bad draft, a draft
-    equal to the target, a mismatched-vocabulary model, and broken files."""
+    equal to the target, mismatched-vocabulary models (one of another script), and broken files."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files = {
@@ -208,8 +215,40 @@ def write_tiny_set(directory: str | Path) -> dict[str, Path]:
         "mismatch_size": write_tiny_model(d / "tiny-mismatch-size.gguf", seed=5, extra_tokens=300, name="tiny-big"),
         "f64": write_tiny_model(d / "tiny-f64.gguf", seed=6, weight_dtype=np.float64, name="tiny-f64"),
     }
+    files["other_script"] = write_tiny_other_script(d / "tiny-other-script.gguf")  # shares no ordinary token
     files["truncated"] = write_truncated_copy(files["target"], d / "tiny-truncated.gguf")
     text = d / "not-a-model.gguf"
     text.write_text("this is a text file, not a GGUF model\n")
     files["text"] = text
     return files
+
+
+# A tokenizer of another family for cross-vocabulary drafting: the byte tokens in reverse order (other ids), other
+# merges (" a", "bc", "abc": text splits differently than with MERGES) and other control tokens (<|im_end|> shared).
+FOREIGN_MERGES = ["Ġ a", "b c", "a bc"]
+FOREIGN_SPECIAL = ["<s>", "</s>", "<|im_end|>", "<unused0>"]
+
+
+def foreign_vocab() -> list[str]:
+    b2u = bytes_to_unicode()
+    return [m.replace(" ", "") for m in FOREIGN_MERGES] + FOREIGN_SPECIAL + [b2u[b] for b in range(255, -1, -1)]
+
+
+def write_tiny_foreign_draft(path: str | Path, *, seed: int = 2, layer_scale: float = 0.4, **kw: object) -> Path:
+    """A draft whose tokenizer differs from the standard one (foreign_vocab): its hot tokens are the target's hot
+    characters at their ids here."""
+    vocab = foreign_vocab()
+    b2u = bytes_to_unicode()
+    hot = tuple(vocab.index(b2u[ord(c)]) for c in "abcdefgh ")
+    return write_tiny_model(
+        path, seed=seed, layer_scale=layer_scale, vocab=vocab, merges=FOREIGN_MERGES, hot_tokens=hot,
+        name="tiny-foreign-draft", **kw,  # type: ignore[arg-type]
+    )
+
+
+def write_tiny_other_script(path: str | Path, **kw: object) -> Path:
+    """A model of another script: its ordinary tokens are Cyrillic, none of them a token of the standard vocabulary
+    (only its header is read: a pair with it is refused before any weights load)."""
+    letters = [chr(0x430 + i) for i in range(32)]
+    vocab = letters + [a + b for a in letters[:8] for b in letters[:8]] + ["<s>", "<|im_end|>"]
+    return write_tiny_model(path, vocab=vocab, merges=[letters[0] + " " + letters[1]], hot_tokens=(0, 1, 2), name="tiny-other-script", **kw)  # type: ignore[arg-type]
