@@ -102,7 +102,7 @@ def write_tiny_model(
     (a different tokenizer from the default one: see write_tiny_fim_pair). `weight_dtype=np.float64` writes F64 matrices,
     which llama.cpp cannot compute (a validation test case). `merges` other than MERGES: another tokenizer with the
     same tokens. split_max_tensors > 0 writes a split model, <stem>-0000i-of-0000N.gguf (the first part's path is
-    returned). `vocab`: a token list of the caller's (a foreign tokenizer: see write_foreign_draft).
+    returned). `vocab`: a token list of the caller's (a foreign tokenizer: see write_tiny_foreign_draft).
     """
     import gguf
 
