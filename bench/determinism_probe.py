@@ -11,6 +11,7 @@ named, with the largest logit difference. Each setting runs in its own subproces
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ctypes
 import json
 import os
@@ -124,7 +125,7 @@ def run_setting(model: str, setting: dict[str, Any], batches: list[int]) -> dict
     tok = 1479
     alone = decode([(tok, P, 0)], 1)
     ops_alone = list(captured)
-    out: dict[str, Any] = {"setting": setting, "batches": {}}
+    out: dict[str, Any] = {"setting": setting, "batches": {}, "alone_sha": hashlib.sha256(alone.tobytes()).hexdigest()[:10]}
     for n in batches:
         C.llama_memory_seq_rm(mem, 0, P, -1)
         C.llama_memory_seq_rm(mem, 1, 10, -1)
@@ -157,18 +158,25 @@ def run_setting(model: str, setting: dict[str, Any], batches: list[int]) -> dict
     return out
 
 
+DET = {"repack": False, "no_tiled": True, "flash": True, "kv": "q8_0"}  # deterministic mode's settings
 SETTINGS: list[dict[str, Any]] = [
-    {"name": "default (repack on, flash off, 2 threads)", "ops": True},
-    {"name": "repack off", "repack": False, "ops": True},
-    {"name": "flash attention on", "flash": True, "ops": True},
-    {"name": "repack off + flash on", "repack": False, "flash": True, "ops": True},
+    {"name": "default (repack on, flash attention off, f16 KV, 2 threads)", "ops": True},
     {"name": "1 thread", "threads": 1, "ops": True},
-    {"name": "KV cache q8_0 (flash on)", "kv": "q8_0", "flash": True, "ops": True},
     {"name": "n_ubatch 8", "ubatch": 8, "ops": True},
-    {"name": "other rows in another sequence", "other_seq": True, "ops": True},
-    {"name": "default, no callback (fused graph)"},
-    {"name": "repack off, no callback", "repack": False},
-    {"name": "repack off + flash on, no callback", "repack": False, "flash": True},
+    {"name": "other rows in another sequence (unified cache)", "other_seq": True, "ops": True},
+    {"name": "flash attention on", "flash": True, "ops": True},
+    {"name": "repack off", "repack": False, "ops": True},
+    {"name": "repack off, tiled K-quant product off", "repack": False, "no_tiled": True, "ops": True},
+    {"name": "repack off, tiled off, flash on", "repack": False, "no_tiled": True, "flash": True, "ops": True},
+    {"name": "repack off, tiled off, flash on, cache past 512 cells", "repack": False, "no_tiled": True, "flash": True, "long": 700,
+     "ops": True},
+    {"name": "KV q8_0, flash on (repack, tiled on)", "kv": "q8_0", "flash": True, "ops": True},
+    {"name": "deterministic mode: repack off, tiled off, flash on, KV q8_0, cache past 512 cells", **DET, "long": 700, "ops": True},
+    {"name": "deterministic mode, 1 thread", **DET, "long": 700, "threads": 1, "ops": True},
+    {"name": "deterministic mode, other rows in another sequence", **DET, "long": 700, "other_seq": True, "ops": True},
+    {"name": "deterministic mode, n_ubatch 8", **DET, "long": 700, "ubatch": 8, "ops": True},
+    {"name": "deterministic mode, no eval callback (fused graph)", **DET, "long": 700},
+    {"name": "default, no eval callback (fused graph)"},
 ]
 
 
@@ -184,8 +192,8 @@ def main() -> None:
         print(json.dumps(run_setting(a.model, json.loads(a.child), batches)))
         return
     picks = [SETTINGS[int(i)] for i in a.only.split(",")] if a.only else SETTINGS
-    print(f"| setting | {' | '.join(f'batch {n}: max logit diff, first op that differs' for n in batches)} |")
-    print("|---|" + "---|" * len(batches))
+    print(f"| setting | {' | '.join(f'batch {n}: max logit diff, first op that differs' for n in batches)} | alone: logits hash |")
+    print("|---|" + "---|" * (len(batches) + 1))
     for s in picks:
         r = subprocess.run([sys.executable, __file__, "--model", a.model, "--batches", a.batches, "--child", json.dumps(s)],
                            capture_output=True, text=True, timeout=1800)
@@ -198,7 +206,7 @@ def main() -> None:
             b = res["batches"][str(n)]
             cells.append(f"{b['max_logit_diff']:.3g}{'' if b['argmax_same'] else ' (argmax differs)'}"
                          + (f", {b['first_op']}" if s.get("ops") else "") + ("" if b["alone_repeat_identical"] else ", alone not repeatable"))
-        print(f"| {s['name']} | {' | '.join(cells)} |", flush=True)
+        print(f"| {s['name']} | {' | '.join(cells)} | {res['alone_sha']} |", flush=True)
 
 
 if __name__ == "__main__":
