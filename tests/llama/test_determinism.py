@@ -25,17 +25,18 @@ def q41(tmp_path_factory):
     }
 
 
-def _spec(path, **kw):
-    return ModelSpec(str(path), n_ctx=256, n_batch=64, deterministic=True, **kw)
+def _spec(path, n_ctx=256, **kw):
+    return ModelSpec(str(path), n_ctx=n_ctx, n_batch=64, deterministic=True, **kw)
 
 
 def _tokens(n, seed):
     return [int(t) for t in np.random.default_rng(seed).integers(0, 256, n)]
 
 
-def test_alone_equals_batched_bitwise(q41):
-    prompt, cont = _tokens(40, 0), _tokens(17, 1)
-    with Model(_spec(q41["target"], n_threads=2), parallel=2) as m:
+@pytest.mark.parametrize("n_prompt", [40, 600], ids=["short", "cache past 512 cells"])
+def test_alone_equals_batched_bitwise(q41, n_prompt):
+    prompt, cont = _tokens(n_prompt, 0), _tokens(17, 1)
+    with Model(_spec(q41["target"], n_ctx=1024, n_threads=2), parallel=2) as m:
         m.sync(prompt, rows=())
         alone = m.decode(cont[:1], len(prompt), rows=(0,))[0].copy()
         for n in (2, 9, 17):
@@ -48,7 +49,7 @@ def test_alone_equals_batched_bitwise(q41):
         other.sync(_tokens(30, 2), rows=())
         rows = m.decode_parts([DecodePart(m, cont[:1], rows=(0,)), DecodePart(other, _tokens(12, 3), rows=(-1,))])
         assert np.array_equal(rows[0][0], alone)
-    with Model(_spec(q41["target"], n_threads=1)) as m1:  # another thread count, another load
+    with Model(_spec(q41["target"], n_ctx=1024, n_threads=1)) as m1:  # another thread count, another load
         m1.sync(prompt, rows=())
         assert np.array_equal(m1.decode(cont[:1], len(prompt), rows=(0,))[0], alone)
 
