@@ -4,7 +4,8 @@ speculative decoding with a fixed 8-token draft (verify batches of up to 9 rows;
 One mode per process (--mode): ggml reads GGML_CPU_TILED_MM once.
 
     PYTHONPATH=$PWD python bench/determinism_check.py --mode deterministic [--prompts 17] [--tokens 160]
-    PYTHONPATH=$PWD python bench/determinism_check.py --mode both --cost   # the speed ratio, modes alternated
+    PYTHONPATH=$PWD python bench/determinism_check.py --mode both --cost   # generation speed, modes alternated
+    PYTHONPATH=$PWD python bench/determinism_check.py --decode-cost 5       # the decode times, both in one process
 """
 
 from __future__ import annotations
@@ -140,6 +141,41 @@ def cost(deterministic: bool, tokens: int) -> dict[str, Any]:
     return {k: sum(v) / len(v) for k, v in rates.items()}
 
 
+def decode_cost(rounds: int, context: int) -> dict[str, Any]:
+    """The target's decode times in both modes in this one process, alternated round by round (deterministic mode's
+    model loads first: ggml reads GGML_CPU_TILED_MM at the process's first K-quant product, so the default model
+    here runs without the tiled product too; its repacked weights never take it): one token, a 9-token verify,
+    and a 256-token prefill, after `context` tokens, 2 threads; medians in ms."""
+    import statistics
+
+    from edgespec.config import ModelSpec
+    from edgespec.llama.backend import Model
+
+    models = {"deterministic": Model(ModelSpec(TARGET, n_ctx=2048, n_threads=2, deterministic=True)),
+              "default": Model(ModelSpec(TARGET, n_ctx=2048, n_threads=2))}
+    ctx = [(17 * i + 100) % 150000 for i in range(context)]
+    times: dict[str, dict[str, list[float]]] = {m: {"1": [], "9": [], "prefill256": []} for m in models}
+
+    def timed(fn: Any, *args: Any, **kw: Any) -> float:
+        t0 = time.perf_counter()
+        fn(*args, **kw)
+        return 1000 * (time.perf_counter() - t0)
+
+    for _ in range(rounds):
+        for name, m in models.items():
+            m.reset()
+            times[name]["prefill256"].append(timed(m.sync, ctx[:256], rows=(-1,)))
+            m.sync(ctx, rows=())
+            for n in (1, 9):
+                for _ in range(4):
+                    times[name][str(n)].append(timed(m.decode, ctx[:n], context, rows=tuple(range(n))))
+                    m.truncate(context)
+    for m in models.values():
+        m.close()
+    med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    return {"ms": med, "ratio_deterministic_over_default": {k: med["deterministic"][k] / med["default"][k] for k in med["default"]}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=["deterministic", "default", "both"], default="deterministic")
@@ -147,7 +183,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--long-tokens", type=int, default=400)
     ap.add_argument("--cost", action="store_true", help="measure the speed of each mode instead (alternated, 2 rounds)")
+    ap.add_argument("--decode-cost", type=int, default=0, metavar="ROUNDS",
+                    help="the target's decode times of both modes in one process, alternated for ROUNDS rounds")
     a = ap.parse_args()
+    if a.decode_cost:
+        print(json.dumps(decode_cost(a.decode_cost, 300)))
+        return
     if a.cost:
         if a.mode == "both":
             res: dict[str, list[dict[str, float]]] = {"default": [], "deterministic": []}
