@@ -47,8 +47,11 @@ def _values(t: Tensor) -> tuple[list[int], np.ndarray] | None:
 
 def _row0(alone: tuple[list[int], np.ndarray], batch: tuple[list[int], np.ndarray], n: int) -> np.ndarray | None:
     """Batch row 0 of an op output, laid out as the lone decode's (the one dimension that is 1 alone and n in the
-    batch, the others equal); None when no dimension fits (an op over the whole cache)."""
+    batch, the others equal; the whole output where the shapes are equal); None when no dimension fits (an op over
+    the whole cache)."""
     (ne_a, _), (ne_b, b) = alone, batch
+    if ne_a == ne_b:  # past the output rows' selection (one row in both)
+        return b
     for d in range(4):
         if ne_a[d] == 1 and ne_b[d] == n and all(ne_a[k] == ne_b[k] for k in range(4) if k != d):
             return np.take(b, [0], axis=3 - d)
