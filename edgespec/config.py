@@ -92,6 +92,9 @@ class ModelSpec:
     tensor_split: the share of the offloaded layers each device gets, in device order (the RPC servers' devices in
         the order given, then this machine's GPUs), as llama.cpp's --tensor-split: (3, 1) puts three quarters on
         the first; a share of 0 leaves a device out. Empty: llama.cpp's default, by each device's free memory.
+    deterministic: every decode of a position gives bit-identical logits whatever else is in the batch (the batch
+        size, other slots' rows, the thread count): batch-invariant kernels only, flash attention, a q8_0 KV cache,
+        one cache stream per sequence (no token trees); checked at load (docs/determinism.md).
     """
 
     path: str
@@ -101,6 +104,7 @@ class ModelSpec:
     n_batch: int = 512
     rpc: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, (str, os.PathLike)):
@@ -113,6 +117,8 @@ class ModelSpec:
         check_int("n_gpu_layers", self.n_gpu_layers, -1, 100_000)
         object.__setattr__(self, "rpc", check_rpc_endpoints(self.rpc))
         object.__setattr__(self, "tensor_split", check_tensor_split(self.tensor_split))
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"deterministic must be True or False, got {self.deterministic!r}")
 
 
 def split_rpc_endpoint(endpoint: str) -> tuple[str, int]:

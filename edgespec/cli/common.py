@@ -22,6 +22,7 @@ from edgespec.runtime.request import AUTO, DrafterKind, GenerationRequest, resol
 
 TARGET_ENV = "EDGESPEC_TARGET"
 DRAFT_ENV = "EDGESPEC_DRAFT"
+DETERMINISTIC_ENV = "EDGESPEC_DETERMINISTIC"
 MAX_STDIN_BYTES = 64 * 1024 * 1024  # a prompt larger than this is certainly a mistake (a wrong file piped in)
 
 
@@ -65,6 +66,9 @@ def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"Files (at most {CORPUS_MAX_FILE // 2**20} MiB each) or folders of text files the suffix drafter may "
                           "copy from (repeatable)."),
         click.option("--no-memory", is_flag=True, help="Suffix drafter: keep the memory of what was seen for this run only."),
+        click.option("--deterministic", is_flag=True, envvar=DETERMINISTIC_ENV,
+                     help="Batch-invariant decoding: greedy (and seeded) output is token for token plain decoding's, whatever "
+                          f"the drafts, slots or threads; slower, chain drafters only (env {DETERMINISTIC_ENV}; docs/determinism.md)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -153,6 +157,9 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
                    f"this run uses {'plain decoding' if kind is DrafterKind.NONE else f'the {kind} drafter'}", err=True)
         corpus = ()
     engine_kw.setdefault("memory", not no_memory)
+    engine_kw["deterministic"] = bool(kw.pop("deterministic"))
+    if engine_kw["deterministic"] and kind.uses_tree:
+        raise EdgespecError(f"--deterministic verifies chains only: --drafter {kind} builds token trees (use model, ngram or model+ngram)")
     with _sigint_deferred() as interrupted:  # a Ctrl-C in llama.cpp's log callback would be lost (ctypes drops it)
         eng = Engine.load(tspec, dspec, drafter=kind, spec=spec, **engine_kw)
     try:

@@ -153,8 +153,10 @@ def model_key(model: Any) -> list[Any]:
     key = [os.path.abspath(model.spec.path), st.st_size, st.st_mtime_ns, threads, model.spec.n_gpu_layers, model.n_batch]
     rpc = getattr(model.spec, "rpc", ())
     split = getattr(model.spec, "tensor_split", ())
-    # layers on RPC servers, or split otherwise, cost otherwise (a local run's key is unchanged)
-    return key + ([list(rpc)] if rpc else []) + ([["split", *split]] if split else [])
+    # layers on RPC servers, or split otherwise, cost otherwise (a local run's key is unchanged); so do deterministic
+    # mode's kernels (no repacked weights, no tiled product: docs/determinism.md)
+    det = getattr(model.spec, "deterministic", False) is True
+    return key + ([list(rpc)] if rpc else []) + ([["split", *split]] if split else []) + ([["deterministic"]] if det else [])
 
 
 def entry_key(target: Any, draft: Any | None) -> str:

@@ -24,7 +24,7 @@ from edgespec.config import MAX_SEQUENCES, ModelSpec
 from edgespec.errors import BackendError, ConfigError, EngineClosedError
 from .gguf_check import GGUFInfo
 from .threads import ThreadTuner, candidate_counts
-from . import rpc
+from . import determinism, rpc
 from .binding import C  # after the pure imports on purpose: loading the library can fail (one BackendError)
 
 _LOG_CB = None
@@ -131,10 +131,14 @@ class Context:
         self.check_logits = True
         self._views: dict[tuple[int | None, int], np.ndarray] = {}  # logits_view: arrays over llama.cpp's logits buffer
         try:
+            if spec.deterministic:
+                determinism.prepare_process()
             ngl = self._load()
             self._choose_threads(ngl)
             self._fit_memory(ngl, fit)
             self._create()
+            if spec.deterministic:
+                determinism.check_invariance(self)
         except BaseException:
             self.free()
             raise
@@ -160,6 +164,8 @@ class Context:
         if os.environ.get("EDGESPEC_NO_REPACK", "") not in ("", "0"):
             # Workaround for CPUs that advertise AMX but fault on it with a native build (see docs/setup.md).
             mparams.use_extra_bufts = False
+        if spec.deterministic:
+            determinism.model_params(mparams)
         with self.remote(rpc.LOADING, rpc.load_seconds(spec.path, self.rpc_timeout) if self.rpc else None):
             self.model = C.llama_model_load_from_file(os.fsencode(spec.path), mparams)
         if not self.model:
@@ -227,6 +233,8 @@ class Context:
         cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
         cparams.swa_full = True  # sliding-window models keep the full cache so that rollback is always possible
+        if spec.deterministic:  # batch-invariant settings (determinism.py): no unified cache, no trees
+            determinism.context_params(cparams, self.tree_paths, self.head_dim())
         with self.remote("allocating the context"):
             self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -246,11 +254,16 @@ class Context:
         self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(n_batch,))
         self._want = np.ctypeslib.as_array(self.batch.logits, shape=(n_batch,))
 
+    def head_dim(self) -> int:
+        """Values per attention head."""
+        return int(C.llama_model_n_embd(self.model)) // max(1, int(C.llama_model_n_head(self.model)))
+
     def kv_bytes_per_token(self) -> int:
-        """The KV cache's bytes per token of context (f16 keys and values of every layer's KV heads)."""
-        n_head = max(1, int(C.llama_model_n_head(self.model)))
-        head_dim = int(C.llama_model_n_embd(self.model)) // n_head
-        return 2 * 2 * int(C.llama_model_n_layer(self.model)) * int(C.llama_model_n_head_kv(self.model)) * head_dim
+        """The KV cache's bytes per token of context (f16 keys and values of every layer's KV heads; q8_0 in
+        deterministic mode)."""
+        head_dim = self.head_dim()
+        per = determinism.kv_bytes_per_value(self.spec.deterministic)
+        return int(2 * per * int(C.llama_model_n_layer(self.model)) * int(C.llama_model_n_head_kv(self.model)) * head_dim)
 
     # ----------------------------------------------------------------- state
     @property

@@ -26,6 +26,8 @@ measured inside a request.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import weakref
@@ -87,6 +89,20 @@ def _shutdown(unhook: Callable[[], None] | None, worker: Worker, models: list[Mo
     if unhook is not None:
         unhook()  # a lost server no longer concerns this engine
     shutdown(worker, models, memory, memory_path)
+
+def _deterministic(tspec: ModelSpec, on: Any, kind: DrafterKind, paths: int) -> tuple[ModelSpec, int]:
+    """The target's spec and tree sequences for Engine.load(deterministic=on): with it (or a spec that asks), the
+    target decodes batch-invariantly (ModelSpec.deterministic; docs/determinism.md): greedy output, speculative or
+    plain, alone or beside other slots, is token for token the same, and so is seeded sampling. Chains only: no
+    tree sequences (a draft model's siblings are dropped; a suffix drafter's trees are a ConfigError)."""
+    if not isinstance(on, bool):
+        raise ConfigError("deterministic must be True or False")
+    if not (on or tspec.deterministic):
+        return tspec, paths
+    if kind.uses_tree:
+        raise ConfigError(f"deterministic mode verifies chains only: drafter '{kind}' builds token trees (use model, ngram or model+ngram)")
+    return dataclasses.replace(tspec, deterministic=True), 0
+
 
 class Engine:
     """A loaded target (+ optional draft) and the worker that generates from it (see the module docstring)."""
@@ -170,6 +186,7 @@ class Engine:
         max_queue: int | None = None,
         memory: str | os.PathLike[str] | bool | None = True,
         parallel: int | None = None,
+        deterministic: bool = False,
     ) -> "Engine":
         """Validate both files, check how their vocabularies pair (llama/vocab_pair.py; a draft that shares too little is
         refused before any weights load), load them and
@@ -179,7 +196,8 @@ class Engine:
         the memory of everything seen in the user cache across runs, a path keeps it there, False/None keeps it in
         this process only. parallel: slots, generations that run at once (None: up to DEFAULT_PARALLEL, as many
         as the sequences and a quarter of the available memory allow); each slot holds a whole context of
-        n_ctx tokens in both models (ConfigError at load when their caches cannot fit the machine)."""
+        n_ctx tokens in both models (ConfigError at load when their caches cannot fit the machine). deterministic:
+        the target decodes batch-invariantly (see _deterministic)."""
         if not isinstance(prompt_cache_mb, (int, float)) or isinstance(prompt_cache_mb, bool) or not (0 <= prompt_cache_mb < math.inf):
             raise ConfigError(f"prompt_cache_mb must be a number >= 0, got {prompt_cache_mb!r}")
         if spec is not None and not isinstance(spec, SpecConfig):
@@ -204,6 +222,7 @@ class Engine:
         kind = resolve_drafter(choice, draft_model=dspec is not None)  # before any weights load
         # tree sequences: the suffix drafters' trees, or a draft model's siblings (draft-model trees)
         paths = tree_paths_for(kind, spec or SpecConfig(), dspec is not None, min(tspec.n_batch, tspec.n_ctx))
+        tspec, paths = _deterministic(tspec, deterministic, kind, paths)
         if paths:
             check_tree_fits(tspec, paths)  # before any weights load (llama.cpp would abort the process)
         t = Model(tspec, tinfo, prompt_cache_bytes=cache_bytes, tree_paths=paths, parallel=parallel or -DEFAULT_PARALLEL)

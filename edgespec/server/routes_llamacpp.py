@@ -380,6 +380,7 @@ async def props(request: Request) -> Response:
                        "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n, "speculative.n_max": eng.spec.draft_max},
         },
         "total_slots": eng.parallel,
+        "deterministic": bool(t.spec.deterministic),  # serve --deterministic: batch-invariant decoding (docs/determinism.md)
         "slots_busy": eng.slot_state()["busy"],
         "model_alias": state.model_id,
         "model_path": t.spec.path,

@@ -337,3 +337,22 @@ def test_a_llama_cpp_that_cannot_load_is_one_line(tiny, tmp_path):
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "llama.cpp's library could not be loaded" in p.stderr and "libcublas.so.13" in p.stderr
+
+
+def test_deterministic_option(tiny, tmp_path):
+    """--deterministic: a model it cannot hold for, or a tree drafter, is one line and exit 1; on a Q4_1 pair the
+    greedy output is plain decoding's."""
+    from support.tiny import write_tiny_model
+
+    r = CliRunner().invoke(main, ["generate", "hi", "--target", str(tiny["target"]), "--no-draft", "--deterministic"])
+    assert r.exit_code == 1 and "multiple of 32" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    shape = {"d_model": 128, "n_head": 4, "n_head_kv": 2, "d_ff": 128}
+    t = write_tiny_model(tmp_path / "t.gguf", seed=1, quant="q4_1", name="tiny-q41", **shape)
+    d = write_tiny_model(tmp_path / "d.gguf", seed=2, layer_scale=0.4, quant="q4_1", name="tiny-q41-draft", **shape)
+    r = CliRunner().invoke(main, ["generate", "hi", "--target", str(t), "--drafter", "suffix", "--deterministic"])
+    assert r.exit_code == 1 and "chains only" in r.stderr
+    base = ["generate", "the quick", "--raw", "--target", str(t), "--temperature", "0", "--max-tokens", "40", "--ctx", "256",
+            "--json", "--deterministic"]
+    plain = json.loads(run(*base, "--no-draft").stdout)
+    spec = json.loads(run(*base, "--draft", str(d), "--fixed-k", "--draft-max", "6").stdout)
+    assert spec["token_ids"] == plain["token_ids"]

@@ -52,6 +52,7 @@ def test_health_props_and_v1_health(fim_srv, fim_engine):
         assert key in p
     assert p["default_generation_settings"]["n_ctx"] == N_CTX and p["total_slots"] >= 1 and p["infill"] is True
     assert p["model_path"] == fim_engine.target.spec.path and p["eos_token"] == "<|im_end|>"
+    assert p["deterministic"] is False  # serve --deterministic: true
 
 
 def test_completion_matches_the_engine_and_has_llama_server_fields(fim_srv, fim_reference):

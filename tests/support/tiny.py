@@ -94,6 +94,7 @@ def write_tiny_model(
     vocab: Sequence[str] | None = None,
     merges: Sequence[str] | None = None,
     split_max_tensors: int = 0,
+    quant: str | None = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
@@ -103,6 +104,8 @@ def write_tiny_model(
     which llama.cpp cannot compute (a validation test case). `merges` other than MERGES: another tokenizer with the
     same tokens. split_max_tensors > 0 writes a split model, <stem>-0000i-of-0000N.gguf (the first part's path is
     returned). `vocab`: a token list of the caller's (a foreign tokenizer: see write_tiny_foreign_draft).
+    quant="q4_1" stores the layers' and the output's matrices as Q4_1 (llama.cpp's one CPU kernel for every batch
+    size: the deterministic mode's tests).
     """
     import gguf
 
@@ -150,6 +153,13 @@ def write_tiny_model(
     def mat(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(weight_dtype)
 
+    def put(name: str, m: np.ndarray) -> None:
+        if quant is None or m.dtype != np.float32:
+            w.add_tensor(name, m)
+            return
+        kind = {"q4_1": gguf.GGMLQuantizationType.Q4_1}[quant]
+        w.add_tensor(name, gguf.quants.quantize(m, kind), raw_dtype=kind)
+
     emb = rng.standard_normal((n_vocab, d_model)).astype(np.float32)
     emb[:, 0] = 8.0
     out = (rng.standard_normal((n_vocab, d_model)) * 0.1).astype(np.float32)
@@ -159,18 +169,18 @@ def write_tiny_model(
     out[hot, 0] = bias
     w.add_tensor("token_embd.weight", emb)
     w.add_tensor("output_norm.weight", np.ones(d_model, dtype=np.float32))
-    w.add_tensor("output.weight", out.astype(weight_dtype))
+    put("output.weight", out.astype(weight_dtype))
     s = layer_scale
     for i in range(n_layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d_model, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", mat(d_model, d_model, 2.0))
-        w.add_tensor(f"blk.{i}.attn_k.weight", mat(n_head_kv * head_dim, d_model, 2.0))
-        w.add_tensor(f"blk.{i}.attn_v.weight", mat(n_head_kv * head_dim, d_model, s))
-        w.add_tensor(f"blk.{i}.attn_output.weight", mat(d_model, d_model, s))
+        put(f"blk.{i}.attn_q.weight", mat(d_model, d_model, 2.0))
+        put(f"blk.{i}.attn_k.weight", mat(n_head_kv * head_dim, d_model, 2.0))
+        put(f"blk.{i}.attn_v.weight", mat(n_head_kv * head_dim, d_model, s))
+        put(f"blk.{i}.attn_output.weight", mat(d_model, d_model, s))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d_model, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", mat(d_ff, d_model, 1.0))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", mat(d_ff, d_model, 1.0))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", mat(d_model, d_ff, s))
+        put(f"blk.{i}.ffn_gate.weight", mat(d_ff, d_model, 1.0))
+        put(f"blk.{i}.ffn_up.weight", mat(d_ff, d_model, 1.0))
+        put(f"blk.{i}.ffn_down.weight", mat(d_model, d_ff, s))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
