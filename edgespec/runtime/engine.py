@@ -90,6 +90,18 @@ def _shutdown(unhook: Callable[[], None] | None, worker: Worker, models: list[Mo
         unhook()  # a lost server no longer concerns this engine
     shutdown(worker, models, memory, memory_path)
 
+def _suffix_memory(t: Model, memory: str | os.PathLike[str] | bool) -> tuple[SuffixIndex, Path]:
+    """The suffix drafters' memory of everything seen and where it is kept (Engine.load's `memory`, not False)."""
+    vocab = vocab_fingerprint(t)
+    where = suffix_default_path(vocab) if isinstance(memory, bool) else Path(os.fspath(memory))
+    if memory is not True and os.path.lexists(where) and not where.is_file():
+        raise ConfigError(f"the memory file {where} is not a regular file")  # the user's path: refused
+    index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet (a warning if bad)
+    if memory is True:
+        clear_odd_file(where)  # the cache's own path held a FIFO, a loop, an empty folder: rebuilt at close
+    return index, where
+
+
 def _deterministic(tspec: ModelSpec, on: Any, kind: DrafterKind, paths: int) -> tuple[ModelSpec, int]:
     """The target's spec and tree sequences for Engine.load(deterministic=on): with it (or a spec that asks), the
     target decodes batch-invariantly (ModelSpec.deterministic; docs/determinism.md): greedy output, speculative or
@@ -230,15 +242,7 @@ class Engine:
         try:
             if dspec is not None:
                 d = Model(dspec, dinfo, prompt_cache_bytes=cache_bytes, parallel=t.parallel)
-            index, where = None, None
-            if kind.uses_tree and memory:
-                vocab = vocab_fingerprint(t)
-                where = suffix_default_path(vocab) if memory is True else Path(os.fspath(memory))
-                if memory is not True and os.path.lexists(where) and not where.is_file():
-                    raise ConfigError(f"the memory file {where} is not a regular file")  # the user's path: refused
-                index = SuffixIndex.load(where, vocab=vocab)  # an empty one when there is no file yet (a warning if bad)
-                if memory is True:
-                    clear_odd_file(where)  # the cache's own path held a FIFO, a loop, an empty folder: rebuilt at close
+            index, where = _suffix_memory(t, memory) if kind.uses_tree and memory else (None, None)
             eng = cls(t, d, drafter=kind, spec=spec, max_queue=max_queue, memory=index, memory_path=where)
         except BaseException:
             t.close()

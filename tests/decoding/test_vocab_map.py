@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from edgespec.decoding import vocab_map
-from edgespec.decoding.acceptance import accept_sampled
 from edgespec.config import SamplingParams
 from edgespec.decoding.sampling import warp
 from edgespec.decoding.tree import ROOT, TokenTree, accept_tree_with, outcome_distribution
@@ -33,7 +32,7 @@ from edgespec.decoding.vocab_map import (
     restrict_probs,
 )
 
-from support.exact import BUG, TOL, Law, Rows, chain_branches, chain_run, mutant, run_cell
+from support.exact import BUG, TOL, Law, Rows, chain_law, mutant
 
 # target ids:  a  b  c  ab  abc  " a"  <|im_end|>  bc
 T_TOKENS = ["a", "b", "c", "ab", "abc", "Ġa", "<|im_end|>", "bc"]
@@ -124,28 +123,11 @@ def proposals(qD: Rows, m: VocabMap, k: int, restrict: Callable[..., np.ndarray]
     return out
 
 
-def chain_law(pM: Rows, k: int, drafts: list[tuple[list[int], list[Any], float]]) -> tuple[Law, list[str]]:
-    """The exact law of the first k + 1 tokens after one chain cycle over these drafts (accept_sampled run on every
-    cell of its uniforms, as tests/decoding/test_exact_laws.py does), with the problems found."""
-    law = Law(pM, VT, k + 1)
-    problems: list[str] = []
-    for d, qrows, w in drafts:
-        p = np.stack([pM(tuple(d[:i])) for i in range(len(d) + 1)])
-        for br in chain_branches(d, qrows, p):
-            if br.weight == 0.0:
-                continue
-            out, probs = run_cell(chain_run(accept_sampled, d, qrows, p), br.cells)
-            problems += probs
-            if isinstance(out, tuple) and len(out) == 3:
-                law.add_emitted(list(d[: out[0]]) + [out[1]], w * br.weight)
-    return law, problems + law.problems
-
-
 def chain_distance(
     restrict: Callable[..., np.ndarray], k: int, pkind: str, qkind: str, seed: int, m: VocabMap | None = None
 ) -> tuple[float, list[str]]:
     pM, qD = Rows(VT, seed, pkind), Rows(VD, seed + 1, qkind)
-    law, problems = chain_law(pM, k, proposals(qD, m or the_map(), k, restrict))
+    law, problems, _ = chain_law(pM, VT, k, drafts=proposals(qD, m or the_map(), k, restrict))
     return law.distance(), problems
 
 
@@ -157,7 +139,8 @@ def test_chain_across_vocabularies_is_exact(k: int, pkind: str, qkind: str, seed
     pM, qD = Rows(VT, seed, pkind), Rows(VD, seed + 1, qkind)
     drafts = proposals(qD, the_map(), k, restrict_probs)
     assert sum(w for _, _, w in drafts) == pytest.approx(1.0, abs=1e-12)
-    law, problems = chain_law(pM, k, drafts)
+    law, problems, off_theory = chain_law(pM, VT, k, drafts=drafts)  # the exact law of one cycle, every cell of its uniforms
+    assert off_theory == 0.0
     assert not problems, problems[:5]
     assert law.distance() < TOL, law.distance()
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable
+
+from .server_thread import wait_for
 
 MESSAGE = "textarea[name=message]"
 SEND = "button[name=send]"
@@ -61,14 +62,8 @@ def chrome(width: int = 1200, height: int = 800) -> Any:
 
 
 def wait(drv: Any, cond: Callable[[], Any], timeout: float = 60.0, what: str = "a condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    """Poll the page until cond() is true (server_thread.wait_for with a browser's timeout)."""
+    return wait_for(cond, timeout, what)
 
 
 def open_page(drv: Any, url: str, *, settings: dict[str, Any] | None = None, clear: bool = True) -> None:

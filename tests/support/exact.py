@@ -342,3 +342,39 @@ def mutant(fn: Callable[..., Any], *edits: tuple[str, str], helpers: Sequence[tu
             src = src.replace(old, new)
         exec(compile(src, f"<mutant of {f.__qualname__}>", "exec"), namespace)  # noqa: S102 - a test's own source edit
     return namespace[fn.__name__]
+
+
+def chain_law(
+    pM: Callable[[Prefix], np.ndarray],
+    V: int,
+    k: int,
+    *,
+    qM: Callable[[Prefix], np.ndarray] | None = None,
+    drafts: Sequence[tuple[list[int], list[np.ndarray | None], float]] | None = None,
+    rule: Callable[..., Any] | None = None,
+    K: int | None = None,
+) -> tuple[Law, list[str], float]:
+    """The exact law of one cycle of the chain rule followed by the target's own samples (first K = k + 1 tokens),
+    over `drafts` (default: every d ~ qM), with its problems and the total weight of cells whose outcome differs from
+    the theory's (0 for the reference rule). rule: default accept_sampled."""
+    if rule is None:
+        from edgespec.decoding.acceptance import accept_sampled as rule
+    law = Law(pM, V, K if K is not None else k + 1)
+    problems: list[str] = []
+    off_theory = 0.0
+    if drafts is None:
+        assert qM is not None
+        drafts = [(d, list(rows), w) for d, rows, w in sampled_drafts(qM, k)]
+    for d, qrows, w in drafts:
+        p = np.stack([pM(tuple(d[:i])) for i in range(len(d) + 1)])
+        for br in chain_branches(d, qrows, p):
+            if br.weight == 0.0:
+                continue
+            out, probs = run_cell(chain_run(rule, d, qrows, p), br.cells)
+            problems += probs
+            if out != br.expect:
+                off_theory += w * br.weight
+            if isinstance(out, tuple) and len(out) == 3:
+                law.add_emitted(list(d[: out[0]]) + [out[1]], w * br.weight)
+                law.accepted[out[0]] += w * br.weight
+    return law, problems + law.problems, off_theory
