@@ -320,7 +320,8 @@ def model_pool(params: dict[str, Any]) -> Any:
 
     kw = params["model_kw"]
     spec = SpecConfig(draft_max=kw.get("draft_max", 8), adaptive=not kw.get("fixed_k"), draft_temperature=kw.get("draft_temperature"))
-    engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"], "spec": spec}
+    engine_kw = {"max_queue": params["max_queue"], "prompt_cache_mb": params["prompt_cache_mb"], "parallel": params["parallel"], "spec": spec,
+                 "deterministic": bool(kw.get("deterministic")), "memory": not kw.get("no_memory")}  # as the pinned pair's
     return ModelPool(source, keep_alive=opts.get("keep_alive", 300.0), max_loaded=opts.get("max_loaded", 3), engine_kw=engine_kw,
                      on_event=lambda line: click.echo(f"edgespec: {line}", err=True))
 

@@ -107,9 +107,13 @@ class Catalog:
         with self._lock:
             self._models = None
 
-    def find(self, name_or_path: str | os.PathLike[str]) -> Discovered:
-        """The model a name (short or full) or a path means; UnknownModelError with the close matches when none."""
-        text = os.fspath(name_or_path)
+    def find(self, name_or_path: str | os.PathLike[str], *, paths: bool = True) -> Discovered:
+        """The model a name (short or full) or a path means (paths=False: names only, no file is looked at: what a
+        server asks); UnknownModelError with the close matches when none."""
+        with self._lock:  # the cache's table is written here too (a path's header), and a server asks from threads
+            return self._find(os.fspath(name_or_path), paths)
+
+    def _find(self, text: str, paths: bool) -> Discovered:
         models = self.models()
         exact = {n: m for m in models for n in (m.name, *m.names)}
         if text in exact:
@@ -120,7 +124,7 @@ class Catalog:
                 return folded[cand]
         p = Path(text).expanduser()
         try:
-            real = os.path.realpath(p) if p.is_file() else None
+            real = os.path.realpath(p) if paths and p.is_file() else None
         except OSError:
             real = None
         if real is not None:
@@ -144,7 +148,10 @@ class Catalog:
     def drafts_for(self, target: Discovered | str) -> list[tuple[Discovered, float]]:
         """The discovered models that can draft for `target` (same tokenizer family, check_pair passes, fewer
         parameters), each with its expected speedup over the target alone, best first (below 1: slower here)."""
-        t = target if isinstance(target, Discovered) else self.find(target)
+        with self._lock:
+            return self._drafts_for(target if isinstance(target, Discovered) else self.find(target))
+
+    def _drafts_for(self, t: Discovered) -> list[tuple[Discovered, float]]:
         if t.error or not t.tokenizer:
             return []
         out = []

@@ -5,9 +5,11 @@ simplest model source (pool.ModelSource): GGUF files served by their names, draf
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from edgespec import errors
 from edgespec.config import ModelSpec
 
 from .api_errors import APIError
@@ -75,15 +77,20 @@ class FolderSource:
         return LoadPlan(key, spec(str(files[key])), spec(draft) if draft else None)
 
 
+REFRESH_S = 10.0  # an unknown name makes the catalog look on disk again, at most this often
+
+
 class CatalogSource:
     """Every model discovery finds (edgespec.models.Catalog: edgespec's cache, Ollama, LM Studio, the Hugging Face and
     llama.cpp caches, the user's folders; docs/models.md) served by its names, each loaded with its best draft
     (Catalog.best_draft: same tokenizer, checked; expected to pay on this machine) or none. Only discovered models are
-    served: a request cannot name a file path. n_ctx, n_threads, n_gpu_layers: each model's ModelSpec's."""
+    served: a request cannot name a file path (the server never opens one for it); a name it does not know makes the
+catalog look on disk again (models pulled since), at most every REFRESH_S. n_ctx, n_threads, n_gpu_layers: each model's ModelSpec's."""
 
     def __init__(self, catalog: Any, *, n_ctx: int = 4096, n_threads: int | None = None, n_gpu_layers: int = 0) -> None:
         self.catalog = catalog
         self.n_ctx, self.n_threads, self.n_gpu_layers = n_ctx, n_threads, n_gpu_layers
+        self._looked = time.monotonic()  # when the catalog last looked on disk
 
     def entries(self) -> list[ModelEntry]:
         out = []
@@ -103,10 +110,14 @@ class CatalogSource:
         return out
 
     def plan(self, name: str) -> LoadPlan:
-        found = self.catalog.find(name)  # UnknownModelError, with the close matches
-        if found.source == "path":  # a file named by its path is not a discovered model
-            names = [m.name for m in self.catalog.models() if not m.error]
-            raise UnknownModelError(name, close_matches(name, names))
+        try:
+            found = self.catalog.find(name, paths=False)  # names only: a request never makes the server open a path
+        except errors.UnknownModelError:
+            if time.monotonic() - self._looked < REFRESH_S:
+                raise
+            self._looked = time.monotonic()  # pulled since the server started? look again (at most every REFRESH_S)
+            self.catalog.refresh()
+            found = self.catalog.find(name, paths=False)
         kw = {"n_ctx": self.n_ctx, "n_threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers}
         target, draft, _ = self.catalog.pair_specs(found, **kw)
         return LoadPlan(found.name, target, draft)

@@ -103,6 +103,8 @@ def param_size(n: int) -> str:
 
 # --------------------------------------------------------------------------------------------- keep_alive
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+FOREVER = 1e9  # seconds (~31 years): a longer keep_alive keeps the model loaded for ever
+FAILED_TTL = 30.0  # seconds a failed load is answered from memory (unless its file changes or a model unloads)
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -112,7 +114,10 @@ def parse_keep_alive(value: Any, param: str = "keep_alive") -> float | None:
     if isinstance(value, bool) or value is None:
         raise APIError(400, f"{param} must be a duration such as \"5m\" or a number of seconds", param=param)
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer too large for a float
+            seconds = float("inf") if value > 0 else -1.0
     elif isinstance(value, str):
         text = value.strip()
         sign = -1.0 if text.startswith("-") else 1.0
@@ -125,9 +130,9 @@ def parse_keep_alive(value: Any, param: str = "keep_alive") -> float | None:
             raise APIError(400, f"{param}: {value!r} is not a duration (use e.g. \"5m\", \"30s\", \"1h\" or seconds)", param=param)
     else:
         raise APIError(400, f"{param} must be a duration such as \"5m\" or a number of seconds", param=param)
-    if seconds != seconds or abs(seconds) == float("inf"):
-        raise APIError(400, f"{param} must be a finite duration", param=param)
-    return None if seconds < 0 else seconds
+    if seconds != seconds:
+        raise APIError(400, f"{param} must be a duration", param=param)
+    return None if seconds < 0 or seconds > FOREVER else seconds  # past FOREVER (and inf): as long as the server runs
 
 
 def iso(epoch: float) -> str:
@@ -236,7 +241,7 @@ class ModelPool:
         self.loader = loader or self._engine_load
         self._held: OrderedDict[str, Held] = OrderedDict()  # least recently used first
         self._loading: dict[str, _Loading] = {}
-        self._failed: dict[str, tuple[tuple[Any, ...], APIError]] = {}
+        self._failed: dict[str, tuple[tuple[Any, ...], APIError, float]] = {}  # name -> (file stamp, error, when)
         self._reserved = 0  # loads under way, counted against max_loaded
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -293,7 +298,7 @@ class ModelPool:
                 mine = loading is None
                 if loading is None:
                     failed = self._failed.get(plan.name)
-                    if failed is not None and failed[0] == _stamp(plan):
+                    if failed is not None and failed[0] == _stamp(plan) and time.monotonic() - failed[2] < FAILED_TTL:
                         raise failed[1]
                     loading = self._loading[plan.name] = _Loading()
             if not mine:
@@ -325,7 +330,7 @@ class ModelPool:
             self._event(err.message)
             with self._lock:
                 self._reserved -= 1
-                self._failed[plan.name] = (_stamp(plan), err)
+                self._failed[plan.name] = (_stamp(plan), err, time.monotonic())
             raise err from None
         held = Held(plan.name, engine, need, time.time(), keep_alive, draft=model_stem(plan.draft.path) if plan.draft else None, leases=1)
         with self._lock:
@@ -395,6 +400,7 @@ class ModelPool:
 
     def _unload(self, held: Held, why: str) -> None:
         self.unloaded.append(held.name)
+        self._failed.clear()  # memory freed: a model that failed for want of it may load now
         held.engine.close()
         self._event(f"unloaded {held.name} ({why})")
 
@@ -532,7 +538,7 @@ async def bind(pool: ModelPool, state: ServerState, name: Any, keep_alive: Any =
         if e.code == "model_not_found" and state.engine is None and state.factory is not None:
             state.require_engine()  # perhaps the pinned model's name, not known until it has loaded: 503 while it loads
         raise
-    if state.engine is not None and plan.target.path == state.engine.target.spec.path:
+    if state.engine is not None and os.path.realpath(plan.target.path) == os.path.realpath(state.engine.target.spec.path):
         state.require_engine()  # the pinned model under another of its names
         return state
     return ModelState(state, await pool.acquire(plan, ka))

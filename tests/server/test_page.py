@@ -376,3 +376,27 @@ def test_conversations_regenerate_edit_and_keys(srv: ServerThread, drv: Any) -> 
     drv.find_elements("css selector", "#conversations button[name=delete]")[1].click()
     drv.switch_to.alert.accept()
     assert titles() == ["New chat"]
+
+
+def test_a_server_with_no_pinned_model_answers_the_page(tiny: Any, drv: Any, tmp_path: Path) -> None:
+    """`serve --models-dir DIR` with no --target: the page asks for the first model the server serves by name."""
+    import shutil
+
+    from edgespec.server.by_name import FolderSource
+    from edgespec.server.pool import ModelPool
+
+    shutil.copy(tiny["target"], tmp_path / "only.gguf")
+    pool = ModelPool(FolderSource([tmp_path], n_ctx=512, n_threads=1), memory_budget=1 << 40)
+    s = ServerThread(create_app(None, pool=pool))
+    try:
+        B.open_page(drv, s.url, settings={"temperature": 0, "max_tokens": 12})
+        wait_for(lambda: "only" in drv.execute_script("return document.querySelector('#model-line').textContent"), 30,
+                 "the model line")
+        assert "undefined" not in drv.execute_script("return document.querySelector('#model-line').textContent")
+        B.send(drv, "the cat")
+        B.wait_answer(drv)
+        text = drv.execute_script("return document.querySelector('.message.assistant').textContent")
+        assert "model_required" not in text and "model is required" not in text and pool.get("only") is not None, text
+    finally:
+        s.stop()
+        pool.close()

@@ -217,6 +217,8 @@ def test_parse_keep_alive():
     assert parse_keep_alive("5m") == 300 and parse_keep_alive("30s") == 30 and parse_keep_alive("1h30m") == 5400
     assert parse_keep_alive(0) == 0 and parse_keep_alive("0") == 0 and parse_keep_alive(2.5) == 2.5 and parse_keep_alive("10") == 10
     assert parse_keep_alive(-1) is None and parse_keep_alive("-1m") is None and parse_keep_alive("500ms") == 0.5
+    for forever in (10**400, 10**12, "100000000h", float("inf")):  # past ~31 years (no date /api/ps could show): for ever
+        assert parse_keep_alive(forever) is None
     for bad in ("soon", "5 minutes", "", True, [], "1e400", float("nan")):
         with pytest.raises(APIError) as e:
             parse_keep_alive(bad)
@@ -253,6 +255,11 @@ def test_a_model_that_fails_to_load_is_that_requests_error(served):
     assert r.status_code == 400 and "failed to load" in r.json()["error"]
     assert loader.loads == {"broken": 1, "alpha": 1}  # remembered until the file changes: not tried again
     assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    # a model unloading frees memory, so a failure is tried again (it may have been for want of memory)
+    r = srv.post("/api/generate", {"model": "alpha", "keep_alive": 0})
+    assert r.json()["done_reason"] == "unload"
+    wait_for(lambda: pool.get("alpha") is None, timeout=10, what="alpha to unload")
+    assert ask(srv, "broken").status_code == 400 and loader.loads["broken"] == 2
 
 
 # --------------------------------------------------------------------------------------------- the pinned model
@@ -339,6 +346,12 @@ def test_discovered_models_are_served_by_name_with_their_best_draft(tmp_path):
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
         r = ask(srv, "tinybg")
         assert r.status_code == 404 and any("tinybig" in m for m in r.json()["error"]["close_matches"]), r.text
+        # a model added after the server started: an unknown name makes the catalog look again (at most every REFRESH_S)
+        from support.tiny import write_tiny_model
+
+        write_tiny_model(home["mine"] / "newcomer.gguf", seed=5, name="newcomer")
+        source._looked -= 60
+        assert ask(srv, "newcomer").status_code == 200
     finally:
         srv.stop()
         pool.close()

@@ -17,6 +17,7 @@ const state = {
   controllers: [],     // AbortControllers of the requests in flight (Stop aborts them: the server cancels)
   slots: 1,
   hasDraft: false,
+  model: null,         // the model the page asks for (/v1/models' first: the pinned one, else the first served by name)
   live: new Set(),     // the answers streaming now: each one's redraw (the sources toggle asks them to redraw)
 };
 
@@ -66,7 +67,7 @@ async function errorText(res) {
 
 // One streamed chat completion: onPiece(text, source) per token, returns {stats, finish, error}.
 async function streamChat(messages, opts, onPiece, signal) {
-  const body = Object.assign({ messages, stream: true, show_sources: true }, opts);
+  const body = Object.assign({ messages, stream: true, show_sources: true }, state.model ? { model: state.model } : {}, opts);
   const res = await api("/v1/chat/completions", {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
   });
@@ -513,9 +514,11 @@ async function connect() {
     const res = await api("/v1/models");
     if (!res.ok) { $("#model-line").textContent = await errorText(res); return; }
     const card = (await res.json()).data[0], meta = card.meta || {};
+    state.model = card.id;  // the pinned model, or (none pinned) the first the server serves by name
     state.hasDraft = !!meta.draft;
-    $("#model-line").textContent = `${card.id}` + (meta.draft ? ` + draft ${meta.draft.id}` : "") +
-      ` · drafter ${meta.drafter}`;
+    const draftName = typeof meta.draft === "string" ? meta.draft : meta.draft && meta.draft.id;
+    $("#model-line").textContent = `${card.id}` + (draftName ? ` + draft ${draftName}` : "") +
+      (meta.drafter ? ` · drafter ${meta.drafter}` : "");
     for (const opt of document.querySelectorAll("select[name=drafter] option")) {
       if (opt.value.startsWith("model") && !state.hasDraft) opt.disabled = true;
     }
