@@ -243,7 +243,7 @@ class ModelPool:
         self._loading: dict[str, _Loading] = {}
         self._failed: dict[str, tuple[tuple[Any, ...], APIError, float]] = {}  # name -> (file stamp, error, when)
         self._reserved = 0  # loads under way, counted against max_loaded
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a lease dropped unreleased is released by the collector, on any thread, maybe inside a section of this lock
         self._wake = threading.Event()
         self._reaper: threading.Thread | None = None
         self.closed = False
