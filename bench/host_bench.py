@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ if "--code" in sys.argv:
 else:
     sys.path.insert(0, str(ROOT))
 
+from edgespec.bench.traces import machine  # noqa: E402
 from edgespec.config import SamplingParams, SpecConfig  # noqa: E402
 
 # Sampling settings the issue measures: (name, SamplingParams kwargs, llama-cpp-python create_completion kwargs)
@@ -64,18 +64,6 @@ PROMPTS = [
     "Write a bash script that finds the ten largest files under a directory and prints their sizes.",
     "Describe the difference between a process and a thread, with an example in C.",
 ]
-
-
-def _machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {platform.machine()}"
 
 
 # ----------------------------------------------------------------------------------------------- the real pair
@@ -444,8 +432,8 @@ def main() -> None:
         return
     if not (args.real or args.fake):
         ap.error("say --real, --fake or both")
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {_machine()}")
-    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": _machine(), "argv": sys.argv[1:]}
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} · {machine()}")
+    out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(), "argv": sys.argv[1:]}
     if args.fake:
         out["fake"] = run_fake(args)
         if args.c_sampler:

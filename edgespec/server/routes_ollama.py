@@ -42,7 +42,7 @@ from . import by_name, core
 from .core import JSON, ServerState, read_body, send_json, server_state
 from .responses import GenerationResponse, edgespec_stats, timings
 from .api_errors import APIError, bad, unsupported
-from .pool import is_pinned, parse_keep_alive
+from .pool import is_pinned, param_size, parse_keep_alive
 from .bodies import Body, Bool, ErrorText, Str, validate_body
 from .schema import CompletionRequest, InfillInput
 
@@ -388,16 +388,13 @@ async def generate(request: Request) -> Any:
 
 
 def _ollama_name(state: Any) -> str:
-    mid = state.model_id
-    return mid if ":" in mid else mid + ":latest"
+    return by_name.ollama_name(state.model_id)
 
 
 def _details(eng: Engine) -> dict[str, Any]:
     info = eng.target.info
-    n = info.n_params
-    size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
     return {"parent_model": "", "format": "gguf", "family": info.architecture, "families": [info.architecture],
-            "parameter_size": size, "quantization_level": info.quantization}
+            "parameter_size": param_size(info.n_params), "quantization_level": info.quantization}
 
 
 def _listed(state: ServerState, eng: Engine) -> dict[str, Any]:
