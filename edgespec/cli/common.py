@@ -157,9 +157,7 @@ def load_engine(kw: dict[str, Any], **engine_kw: Any) -> Any:
                    f"this run uses {'plain decoding' if kind is DrafterKind.NONE else f'the {kind} drafter'}", err=True)
         corpus = ()
     engine_kw.setdefault("memory", not no_memory)
-    engine_kw["deterministic"] = bool(kw.pop("deterministic"))
-    if engine_kw["deterministic"] and kind.uses_tree:
-        raise EdgespecError(f"--deterministic verifies chains only: --drafter {kind} builds token trees (use model, ngram or model+ngram)")
+    engine_kw["deterministic"] = bool(kw.pop("deterministic"))  # a tree drafter with it: Engine.load's ConfigError, before any weights load
     with _sigint_deferred() as interrupted:  # a Ctrl-C in llama.cpp's log callback would be lost (ctypes drops it)
         eng = Engine.load(tspec, dspec, drafter=kind, spec=spec, **engine_kw)
     try:
@@ -182,6 +180,7 @@ def _choose_draft(target: str | None, draft: str | None, tpath: Path, notes: lis
     (the n-gram lookup); which, in one line added to `notes`."""
     from edgespec.errors import ModelsError
     from edgespec.models import Catalog, resolve_path
+    from edgespec.models.catalog import best_of
 
     if draft is None and target is not None and os.environ.get(DRAFT_ENV) is None:
         try:
@@ -199,7 +198,7 @@ def _choose_draft(target: str | None, draft: str | None, tpath: Path, notes: lis
     cat = Catalog()
     t = cat.find(str(tpath))
     ranked = cat.drafts_for(t)
-    best = cat.best_draft(t)
+    best = best_of(ranked)
     shown = os.path.basename(tpath) if t.source == "path" else t.name
     if best is not None:
         notes.append(f"note: --draft auto: {best.name} ({best.source}, expected x{ranked[0][1]:.2f}) drafts for {shown}")

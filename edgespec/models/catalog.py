@@ -168,8 +168,7 @@ class Catalog:
 
     def best_draft(self, target: Discovered | str) -> Discovered | None:
         """The first of drafts_for when it is expected to be faster than the target alone, else None."""
-        ranked = self.drafts_for(target)
-        return ranked[0][0] if ranked and ranked[0][1] > 1.0 else None
+        return best_of(self.drafts_for(target))
 
     def pairs(self) -> list[tuple[Discovered, list[tuple[Discovered, float]]]]:
         """Every usable target with its ranked drafts (targets with none included)."""
@@ -257,6 +256,12 @@ class Catalog:
         except OSError:
             return  # advisory: read again next time
         self._dirty = False
+
+
+def best_of(ranked: list[tuple[Discovered, float]]) -> Discovered | None:
+    """The draft to use from Catalog.drafts_for's ranking: the first, when it is expected to be faster than the target
+    alone; else None."""
+    return ranked[0][0] if ranked and ranked[0][1] > 1.0 else None
 
 
 def _pair_live(key: str, live: set[str]) -> bool:
