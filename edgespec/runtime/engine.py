@@ -27,7 +27,6 @@ measured inside a request.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import weakref
@@ -89,6 +88,7 @@ def _shutdown(unhook: Callable[[], None] | None, worker: Worker, models: list[Mo
     if unhook is not None:
         unhook()  # a lost server no longer concerns this engine
     shutdown(worker, models, memory, memory_path)
+
 
 def _suffix_memory(t: Model, memory: str | os.PathLike[str] | bool) -> tuple[SuffixIndex, Path]:
     """The suffix drafters' memory of everything seen and where it is kept (Engine.load's `memory`, not False)."""

@@ -432,12 +432,13 @@ def api_error(e: BaseException) -> APIError:
 # --------------------------------------------------------------------------------------------- the generate path
 def request_spec(eng: Engine, req: CompletionRequest) -> SpecConfig | None:
     """The engine's SpecConfig lowered to the request's draft limit, or None (the engine's) when the limit does not bind."""
-    if req.draft_max is None or not req.speculative or (req.drafter or eng.drafter_kind) == DrafterKind.NONE:
+    kind = req.drafter or eng.drafter_kind  # the request's drafter, else the engine's
+    if req.draft_max is None or not req.speculative or kind == DrafterKind.NONE:
         return None
     base = eng.spec
     n = req.draft_max
     # n-gram lookups draft up to ngram_draft_max only under the adaptive controller (fixed K drafts draft_max)
-    ngram_binds = base.adaptive and (req.drafter or eng.drafter_kind) in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM) and n < base.ngram_draft_max
+    ngram_binds = base.adaptive and kind in (DrafterKind.NGRAM, DrafterKind.MODEL_NGRAM) and n < base.ngram_draft_max
     if n >= base.draft_max and not ngram_binds:
         return None
     return replace(base, draft_max=min(base.draft_max, n), ngram_draft_max=min(base.ngram_draft_max, n), draft_min=min(base.draft_min, n))
