@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from edgespec.errors import IncompatiblePairError, ModelFileError
+from edgespec.errors import ModelFileError
 from .gguf_header import GGUFHeader, TensorInfo
 from .gguf_rules import GGML_TYPES, RuleError, check, shown
 
@@ -425,9 +425,3 @@ def tokenizer_family(info: GGUFInfo) -> str:
     parts += [f"{k}={info.tokenizer_digests.get(k)}" for k in FAMILY_ARRAYS]
     parts += [f"{k}={v}" for k, v in sorted(info.special_ids.items())]
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def require_compatible(target: GGUFInfo, draft: GGUFInfo) -> None:
-    c = check_pair(target, draft)
-    if not c.ok:
-        raise IncompatiblePairError(f"draft {draft.path.name} cannot be used with target {target.path.name}: " + "; ".join(c.problems))

@@ -9,7 +9,9 @@ import pytest
 from edgespec.errors import BackendError, ContextFullError
 from edgespec.llama.backend import Model
 from edgespec.config import ModelSpec
-from edgespec.llama.gguf_check import IncompatiblePairError, ModelFileError, check_pair, inspect_gguf, require_compatible
+from edgespec.errors import IncompatiblePairError
+from edgespec.llama.gguf_check import ModelFileError, check_pair, inspect_gguf
+from edgespec.llama.vocab_pair import require_pairable
 
 from support.tiny import CHATML_TEMPLATE
 
@@ -199,8 +201,8 @@ def test_pair_compatibility(tiny):
     assert not text.ok and "different text, first id 100" in text.verdict()
     size = check_pair(t, inspect_gguf(tiny["mismatch_size"]))
     assert not size.ok and "vocabulary sizes differ by 300" in size.verdict()
-    with pytest.raises(IncompatiblePairError, match="cannot be used with target"):
-        require_compatible(t, inspect_gguf(tiny["mismatch_size"]))
+    with pytest.raises(IncompatiblePairError, match="cannot be used with target"):  # the engine's rule (vocab_pair.py)
+        require_pairable(t, inspect_gguf(tiny["other_script"]))  # shares no ordinary token
 
 
 def test_info_summary(tiny):
