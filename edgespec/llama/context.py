@@ -320,12 +320,19 @@ class Context:
         chain's rows `want` (indices into tokens)."""
         n = len(tokens)
         b = self.batch
+        bs = self._batch_seq
+        if n == 1:  # a plain step or a drafted token: element writes, no array temporaries
+            self._tok[off], self._pos[off], self._want[off] = tokens[0], start, 1 if want else 0
+            if bs[off] != seq:
+                b.n_seq_id[off] = 1
+                b.seq_id[off][0] = seq
+                bs[off] = seq
+            return
         self._tok[off:off + n] = tokens
-        self._pos[off:off + n] = np.arange(start, start + n, dtype=np.int32) if n > 1 else start
+        self._pos[off:off + n] = np.arange(start, start + n, dtype=np.int32)
         self._want[off:off + n] = 0
         for r in want:
             self._want[off + r] = 1
-        bs = self._batch_seq
         for i in (off + np.flatnonzero(bs[off:off + n] != seq)).tolist():
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = seq

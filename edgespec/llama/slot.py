@@ -9,9 +9,10 @@ llama_decode.
 
 Bookkeeping survives any exception (a Ctrl-C, an error raised by a test after any llama.cpp call): `cached` is
 always a prefix of what llama.cpp holds, never more. Growing, llama.cpp decodes first and `cached` grows after;
-shrinking, `cached` shrinks first and llama.cpp after; and every decode first drops whatever llama.cpp holds past
-`cached` (an interrupted step's leftovers). Whatever lands between a llama.cpp call and the bookkeeping, the next
-call starts from a consistent cache.
+shrinking, `cached` shrinks first and llama.cpp after; and every decode first drops whatever llama.cpp may hold past
+`cached` (an interrupted step's leftovers: `_beyond` is set before each call that can leave some and cleared once the
+bookkeeping matches, so a step that ran to its end costs no llama.cpp call here). Whatever lands between a llama.cpp
+call and the bookkeeping, the next call starts from a consistent cache.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Slot:
         self.cached: list[int] = []  # the token ids the main sequence holds, in order (a prefix of llama.cpp's content)
         self._tree: tuple[int, int] | None = None  # (start, paths) of the last decode_tree
         self._tree_seqs = False  # tree sequences may hold cells (from decode_tree until they are dropped)
+        self._beyond = True  # the main sequence may hold cells past `cached` (see the module's docstring)
 
     # ----------------------------------------------------------------- facts
     @property
@@ -138,16 +140,20 @@ class Slot:
             raise BackendError(f"cannot truncate to {n_past}: the cache holds {self.n_past} tokens")
         if n_past == self.n_past:
             return
+        self._beyond = True
         del self.cached[n_past:]  # first: llama.cpp may hold more than `cached`, never less
         if not self.context.seq_rm(self.seq, n_past, -1):
             raise BackendError(f"llama.cpp could not truncate the cache to {n_past} tokens")
+        self._beyond = False
 
     def reset(self) -> None:
         """Empty this slot's cache (the prompt cache's snapshots stay)."""
         self.context.live()
+        self._beyond = True
         self.cached = []
         self._tree_seqs = False
         self.context.clear(self.seq, 1 + self.tree_paths)
+        self._beyond = False
 
     def save_state(self) -> bytes:
         """The cache's contents (the main sequence) as bytes (loadable into any slot); restore with
@@ -159,16 +165,20 @@ class Slot:
         """Make the cache hold `tokens` from a snapshot saved by save_state (False if llama.cpp refused it; the
         cache is then empty)."""
         self.context.live()
+        self._beyond = True
         self.cached = []  # first: llama.cpp clears the sequence before it reads the snapshot
         if not self.context.load_seq(self.seq, data):
             return False
         self.cached = list(tokens)
+        self._beyond = False
         return True
 
     def _clean(self) -> None:
         """Drop whatever llama.cpp holds past `cached` in the main sequence, and every tree sequence (an interrupted
         step's leftovers): the next decode starts from exactly `cached`."""
-        self.context.seq_rm(self.seq, self.n_past, -1)
+        if self._beyond:
+            self.context.seq_rm(self.seq, self.n_past, -1)
+            self._beyond = False
         self._drop_tree_seqs()
 
     def _drop_tree_seqs(self) -> None:
@@ -230,6 +240,7 @@ class Slot:
             c1 = min(n, c0 + self.n_batch)
             chunk_rows = [r for r in want if c0 <= r < c1]
             ctx.put_chain(0, self.seq, start_pos + c0, tokens[c0:c1], [r - c0 for r in chunk_rows])
+            self._beyond = True
             rc = ctx.decode_batch(c1 - c0)
             if rc != 0:
                 ctx.seq_rm(self.seq, self.n_past, -1)  # drop whatever part of this call was stored
@@ -239,6 +250,7 @@ class Slot:
             for r in [] if view else chunk_rows:
                 out[order[r]] = ctx.logits_row(r - c0)
             self.cached += tokens[c0:c1]  # one list operation: the bookkeeping is never half done
+            self._beyond = False
             ctx.n_decoded += c1 - c0
             if progress is not None:
                 progress(c1, n)
@@ -267,9 +279,11 @@ class Slot:
             raise BackendError("keep_tree_path does not match the last decode_tree")
         start = self._tree[0]
         if tokens:
+            self._beyond = True
             self.context.seq_cp(self.seq + path + 1, self.seq, start + 1, start + 1 + len(tokens))
         self._drop_tree_seqs()
         self.cached += [int(t) for t in tokens]
+        self._beyond = False
 
     def decode_parts(self, parts: Sequence[DecodePart]) -> list[np.ndarray]:
         """Several slots' decodes of this context in ONE llama_decode (each part a chain appended at its slot's n_past,
@@ -296,6 +310,8 @@ class Slot:
             else:
                 ctx.put_chain(off, s.seq, s.n_past, toks, want)
             off += len(pt.tokens)
+        for s in slots:
+            s._beyond = True
         try:
             rc = ctx.decode_batch(total)
         except BaseException:
@@ -360,8 +376,10 @@ class Slot:
         if n_paths:
             self.cached += [int(toks[0])]
             self._tree = (start, n_paths)
+            self._beyond = False
             return out
         self.cached += [int(t) for t in toks]
+        self._beyond = False
         rows = list(pt.rows)
         if rows == want:
             return out

@@ -130,6 +130,9 @@ class Worker:
     # -------------------------------------------------------------------------------- the loop
     def _loop(self) -> None:
         while True:
+            if self._quiet():  # between turns with nothing else to look at: the next round at once
+                self._round()
+                continue
             with self._cond:
                 while not self._queue and not self._active and not self._parked and not self._stalled and not self._closed:
                     self._cond.wait()
@@ -150,6 +153,15 @@ class Worker:
                 self._round()
             else:
                 self._idle()
+
+    def _quiet(self) -> bool:
+        """Generations are active, one of them can run, and nothing is queued or set aside to look at: the loop's
+        bookkeeping under the lock (cancelled queued jobs, admissions, resumptions) has nothing to do. Read without the
+        lock: a submit or a cancel from another thread changes these under it, and the next turn sees the change (a
+        turn is one cycle of each generation, as between the loop's rounds anyway)."""
+        active = self._active
+        return bool(active) and not self._queue and not self._stalled and not self._closed and any(
+            not t.job.held() for t in active)
 
     def _idle(self) -> None:
         """Nothing can run (every generation is held, or set aside): sleep until a reader takes a chunk, a job is

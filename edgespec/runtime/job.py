@@ -10,7 +10,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Sequence
 
 
 @dataclass
@@ -91,8 +91,19 @@ class Job:
         """perf_counter without the time this job was suspended: the generation's timings and rates are its own."""
         return time.perf_counter() - self.paused
 
-    def push(self, chunk: Chunk) -> None:
+    def push(
+        self, chunk: Chunk | None, *, ids: list[int] | None = None, used: Sequence[int] = (), texts: list[str] | None = None
+    ) -> None:
+        """Hand the reader `chunk` (None: tokens without text yet), under the same lock adding its tokens `used` to the
+        generation's `ids` (and its progress) and its text to `texts`."""
         with self.lock:
+            if ids is not None:
+                ids.extend(used)
+                self.progress = len(ids)
+            if chunk is None:
+                return
+            if texts is not None:
+                texts.append(chunk.text)
             self.items.append(chunk)
             self.lock.notify_all()
         self._wake()

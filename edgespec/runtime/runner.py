@@ -105,26 +105,24 @@ def emit(job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], text
             text += piece
             pieces.append(piece)
             used.append(tok)
-            with job.lock:
-                ids.append(tok)
-                job.progress = len(ids)
             if detok.stopped:
                 break
         if lps is not None:
             carry.extend(lps[first : first + len(used)])
+        chunk = None
         if text:
             chunk_lps = None
             if lps is not None:
                 chunk_lps, carry[:] = list(carry), []
-            push(job, texts, Chunk(text, used, from_draft, chunk_lps, step.source if from_draft else "target", pieces))
+            chunk = Chunk(text, used, from_draft, chunk_lps, step.source if from_draft else "target", pieces)
+        if used:
+            job.push(chunk, ids=ids, used=used, texts=texts)  # the ids, the text and the chunk under one lock
         if detok.stopped:
             return True
     return False
 
 def push(job: Job, texts: list[str], chunk: Chunk) -> None:
-    with job.lock:
-        texts.append(chunk.text)
-    job.push(chunk)
+    job.push(chunk, texts=texts)
 
 
 def threads_used(model: Slot, before: Mapping[str, int]) -> dict[str, Any]:

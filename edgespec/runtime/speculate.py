@@ -83,7 +83,8 @@ def verify(
     n_rows = logits.shape[0]
     if n_rows not in (k, k + 1):
         raise ValueError(f"need {k} or {k + 1} logits rows for {k} drafted tokens, got {n_rows}")
-    ctx = list(history)
+    uses_history = sampling.uses_history
+    ctx = list(history) if uses_history else []  # the penalties' history grows with the drafts (a copy: O(context))
     if masks is not None:
         if len(masks) < n_rows:
             raise ValueError(f"need a mask per row: {len(masks)} masks for {n_rows} rows")
@@ -92,15 +93,15 @@ def verify(
         argmax = []
         for i in range(n_rows):
             argmax.append(greedy_token(logits[i], sampling, ctx))
-            if i < k:
+            if i < k and uses_history:
                 ctx.append(draft[i])
         if n_rows == k:  # d_{k-1} is impossible for the target: its row is never reached as a bonus row
             argmax.append(argmax[-1])
         return accept_greedy(draft, argmax)
     p: list[Probs] = []
     for i in range(n_rows):
-        p.append(warp_probs(logits[i], sampling, ctx if sampling.uses_history else (), infill_vocab))
-        if i < k and sampling.uses_history:
+        p.append(warp_probs(logits[i], sampling, ctx, infill_vocab))
+        if i < k and uses_history:
             ctx.append(draft[i])
     if n_rows == k:
         p.append(p[-1])
