@@ -94,9 +94,9 @@ def apply_penalties(logits: np.ndarray, params: SamplingParams, history: Sequenc
 
 def finite_argmax(x: np.ndarray) -> int:
     """Index of the largest finite value; ties go to the lowest index (np.argmax's rule)."""
-    i = int(np.argmax(x))
+    i = int(x.argmax())
     v = x[i]
-    if not np.isfinite(v):
+    if not math.isfinite(v):
         # np.argmax returns the first NaN if there is one; +inf or all -inf are also unusable.
         raise NonFiniteLogitsError(f"logits must be finite or -inf with at least one finite value, got max {v}")
     return i

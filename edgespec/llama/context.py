@@ -25,7 +25,7 @@ from edgespec.errors import BackendError, ConfigError, EngineClosedError
 from .gguf_check import GGUFInfo
 from .threads import ThreadTuner, candidate_counts
 from . import determinism, rpc
-from .binding import C  # after the pure imports on purpose: loading the library can fail (one BackendError)
+from .binding import C, logits_address  # after the pure imports on purpose: loading the library can fail (one BackendError)
 
 _LOG_CB = None
 _LOCAL_CALL = contextlib.nullcontext()  # reusable: what Context.remote gives a local model's calls
@@ -130,10 +130,14 @@ class Context:
         # while it samples them (the engine's loop: sampling.NonFiniteLogitsError, re-raised as this model's BackendError)
         self.check_logits = True
         self._views: dict[tuple[int | None, int], np.ndarray] = {}  # logits_view: arrays over llama.cpp's logits buffer
+        self.asynchronous = True  # decodes may run on after llama_decode returns (set at load)
         try:
             if spec.deterministic:
                 determinism.prepare_process()
             ngl = self._load()
+            # llama_decode returns before its work is done where a GPU or RPC servers run it; on this CPU alone it
+            # returns with the logits in place
+            self.asynchronous = bool(self.rpc) or (ngl != 0 and gpu_offload_supported())
             self._choose_threads(ngl)
             self._fit_memory(ngl, fit)
             self._create()
@@ -372,8 +376,10 @@ class Context:
             rc = int(C.llama_decode(self.ctx, self.batch))
             # llama_decode may return before its work is done (an RPC model's is sent by ggml-rpc's own thread; a GPU's
             # runs on the device): wait for it here, where it is timed as the decode's (and, for RPC, watched), not in
-            # the first llama_get_logits* call (unwatched, and counted as the engine's own host work)
-            C.llama_synchronize(self.ctx)
+            # the first llama_get_logits* call (unwatched, and counted as the engine's own host work). On the CPU alone
+            # it has finished: no call.
+            if self.asynchronous:
+                C.llama_synchronize(self.ctx)
             if self.rpc:
                 recent = self.rpc_token_seconds
                 recent.append((time.perf_counter() - started) / max(1, n))
@@ -391,7 +397,7 @@ class Context:
         """The first n_rows rows of this context's logits buffer (llama_get_logits) as a float32 array over that
         memory: made once per (address, n_rows) and kept while llama.cpp keeps the buffer where it is (numpy's
         ctypes conversion costs 10-70 us a call on a row of 151,936 entries; a dict lookup does not)."""
-        addr = ctypes.cast(C.llama_get_logits(self.ctx), ctypes.c_void_p).value
+        addr = logits_address(self.ctx)
         views = self._views
         arr = views.get((addr, n_rows))
         if arr is None:
