@@ -17,6 +17,7 @@ call and the bookkeeping, the next call starts from a consistent cache.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -197,6 +198,8 @@ class Slot:
         self.context.live()
         if start_pos != self.n_past:
             raise BackendError(f"decode at position {start_pos} but the cache holds {self.n_past} tokens")
+        if view and len(tokens) == 1 and len(rows) == 1 and rows[0] in (0, -1):
+            return self._decode_one(int(tokens[0]))
         return self._decode(list(tokens), start_pos, rows, None, None, view=view)
 
     def decode_next(self, token: int) -> np.ndarray:
@@ -204,7 +207,31 @@ class Slot:
         buffer, not a copy: valid until this context's next decode (any slot's). For a caller that reads the row at
         once (a draft model drafting token by token); everything else takes decode()'s copies."""
         self.context.live()
-        return self._decode([int(token)], self.n_past, (0,), None, None, view=True)[0]
+        return self._decode_one(int(token))[0]
+
+    def _decode_one(self, token: int) -> np.ndarray:
+        """_decode of one token at n_past with its row as a view (a plain step, a drafted token): the same checks and
+        bookkeeping without the general case's row plans."""
+        if not 0 <= token < self.n_vocab:
+            raise BackendError(f"token id out of range [0, {self.n_vocab})")
+        start = len(self.cached)
+        if start + 1 > self.n_ctx:
+            raise ContextFullError(f"context full: {start + 1} tokens do not fit in n_ctx={self.n_ctx}")
+        ctx = self.context
+        self._clean()
+        ctx.put_chain(0, self.seq, start, (token,), (0,))
+        self._beyond = True
+        rc = ctx.decode_batch(1)
+        if rc != 0:
+            ctx.seq_rm(self.seq, start, -1)
+            raise BackendError(f"llama_decode failed with code {rc}")
+        out = ctx.logits_view(1)
+        self.cached.append(token)
+        self._beyond = False
+        ctx.n_decoded += 1
+        if ctx.check_logits and not math.isfinite(out[0].max()):
+            raise non_finite_logits(self.name)
+        return out
 
     def _decode(
         self,
@@ -247,8 +274,10 @@ class Slot:
                 raise BackendError(f"llama_decode failed with code {rc}")
             if view and want:  # the outputs in batch order: exactly the rows asked, in their order
                 out = ctx.logits_view(len(want))
-            for r in [] if view else chunk_rows:
-                out[order[r]] = ctx.logits_row(r - c0)
+            elif chunk_rows:  # the chunk's outputs, in batch order: its rows, ascending
+                got = ctx.logits_view(len(chunk_rows))
+                for j, r in enumerate(chunk_rows):
+                    out[order[r]] = got[j]
             self.cached += tokens[c0:c1]  # one list operation: the bookkeeping is never half done
             self._beyond = False
             ctx.n_decoded += c1 - c0
@@ -323,10 +352,10 @@ class Slot:
                 s._clean()
             raise BackendError(f"llama_decode failed with code {rc}")
         out = []
-        off = 0
+        first = 0  # the part's first output row: the outputs come in batch order
         for pt, plan in zip(parts, plans):
-            out.append(pt.slot._finish(off, pt, plan))
-            off += len(pt.tokens)
+            out.append(pt.slot._finish(first, pt, plan))
+            first += len(plan[1])
         for got in out:
             if len(got) and ctx.check_logits and not np.isfinite(got.max(axis=1)).all():
                 raise non_finite_logits(self.name)
@@ -364,13 +393,12 @@ class Slot:
             self.context.seq_cp(self.seq, self.seq + s + 1, -1, -1)  # the context is visible to every path
         return toks, list(range(n)), n_paths
 
-    def _finish(self, off: int, pt: DecodePart, plan: tuple[np.ndarray, list[int], int]) -> np.ndarray:
-        """After the decode: this part's logits, and the slot's bookkeeping (what its cache now holds)."""
+    def _finish(self, first: int, pt: DecodePart, plan: tuple[np.ndarray, list[int], int]) -> np.ndarray:
+        """After the decode: this part's logits (a copy of output rows first.., its wanted rows in batch order), and
+        the slot's bookkeeping (what its cache now holds)."""
         toks, want, n_paths = plan
         n = len(toks)
-        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
-        for j, r in enumerate(want):
-            out[j] = self.context.logits_row(off + r)
+        out = self.context.logits_view(first + len(want))[first:].copy()
         start = self.n_past
         self.context.n_decoded += n
         if n_paths:

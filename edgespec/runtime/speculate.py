@@ -89,6 +89,11 @@ def verify(
         if len(masks) < n_rows:
             raise ValueError(f"need a mask per row: {len(masks)} masks for {n_rows} rows")
         logits = np.stack([apply_mask(logits[i], masks[i]) for i in range(n_rows)])
+    if sampling.greedy and not uses_history and masks is None and n_rows > 1:
+        argmax = _row_argmax(logits)  # one pass over every row: the same choice as greedy_token's, row by row
+        if n_rows == k:
+            argmax.append(argmax[-1])
+        return accept_greedy(draft, argmax)
     if sampling.greedy:
         argmax = []
         for i in range(n_rows):
@@ -117,6 +122,15 @@ def verify(
     if not sampled_chances and any(q[i] is not None for i in range(examined)):
         return verdict
     return replace(verdict, chances=tuple(expected_acceptance(p[i], q[i], draft[i]) for i in range(examined)))
+
+
+def _row_argmax(logits: np.ndarray) -> list[int]:
+    """greedy_token of each row without penalties (the lowest index among the largest values), in one pass;
+    NonFiniteLogitsError where a row's largest value is NaN or +inf, or it has no finite value."""
+    idx = logits.argmax(axis=1)
+    if not np.isfinite(logits[np.arange(len(idx)), idx]).all():
+        raise NonFiniteLogitsError("logits must be finite or -inf with at least one finite value")
+    return [int(i) for i in idx]
 
 
 def _expected_acceptance(draft: Sequence[int], q: Sequence[Any], p: Sequence[Probs], stats: GenerationStats) -> None:
