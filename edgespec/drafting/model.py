@@ -194,7 +194,7 @@ class ModelSpeculator:
         # token after plain or lookup cycles (a batched catch-up, whose cost is not a per-token draft cost: the
         # controller keeps them apart)
         self._catchup = behind
-        logits = self.model.sync(context)[0]  # catches up on tokens the draft has not seen
+        logits = self._sync(context)  # catches up on tokens the draft has not seen
         history = list(context)
         c = self.constraint
         advanced = 0
@@ -239,6 +239,14 @@ class ModelSpeculator:
             self._tree = (tree, len(prop.tokens), [len(a) for a in siblings])
             return Proposal(source=self.name, tree=tree, sampled_chances=prop.sampled_chances)
         return prop
+
+    def _sync(self, context: Sequence[int]) -> np.ndarray:
+        """The draft's logits after `context` (caught up): a view of its buffer where the model lends one (read before
+        its next decode, as every row here is), else a copy."""
+        lend = getattr(self.model, "sync_view", None)
+        if lend is not None:
+            return cast(np.ndarray, lend(context))
+        return self.model.sync(context)[0]
 
     def _next(self, d: int) -> np.ndarray:
         """The draft's logits after d: a view of its buffer where the model lends one (read before its next decode)."""

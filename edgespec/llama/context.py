@@ -257,6 +257,7 @@ class Context:
         self._tok = np.ctypeslib.as_array(self.batch.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(self.batch.pos, shape=(n_batch,))
         self._want = np.ctypeslib.as_array(self.batch.logits, shape=(n_batch,))
+        self._steps = np.arange(n_batch, dtype=np.int32)  # 0, 1, ...: a chain's positions are start + these
 
     def head_dim(self) -> int:
         """Values per attention head."""
@@ -332,15 +333,21 @@ class Context:
                 b.seq_id[off][0] = seq
                 bs[off] = seq
             return
-        self._tok[off:off + n] = tokens
-        self._pos[off:off + n] = np.arange(start, start + n, dtype=np.int32)
-        self._want[off:off + n] = 0
-        for r in want:
-            self._want[off + r] = 1
-        for i in (off + np.flatnonzero(bs[off:off + n] != seq)).tolist():
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-        bs[off:off + n] = seq
+        part = slice(off, off + n)
+        self._tok[part] = tokens
+        np.add(self._steps[:n], start, out=self._pos[part])
+        w = self._want[part]
+        if len(want) == n:  # every row (a verify)
+            w.fill(1)
+        else:
+            w.fill(0)
+            w[list(want)] = 1
+        other = bs[part] != seq
+        if other.any():
+            for i in (off + np.flatnonzero(other)).tolist():
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+            bs[part] = seq
 
     def put_tree(
         self, off: int, seq: int, start: int, tokens: np.ndarray, depths: Sequence[int], seq_ids: Sequence[Sequence[int]]

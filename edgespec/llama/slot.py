@@ -115,10 +115,12 @@ class Slot:
         *,
         should_stop: Callable[[], bool] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        view: bool = False,
     ) -> np.ndarray:
         """Make the cache hold exactly `tokens`, decoding only what it does not hold already (common-prefix reuse,
         or a snapshot from the prompt cache when one shares more), and return logits for `rows` of the newly
         decoded part. At least the last token is always decoded when rows are wanted, so its logits are fresh.
+        view: as for decode() (rows read before this context's next decode).
 
         should_stop() is asked between chunks of n_batch tokens (StopRequested when it says yes; the cache then
         holds the chunks decoded so far); progress(done, total) is called after each chunk."""
@@ -132,7 +134,12 @@ class Slot:
         self.truncate(keep)
         if len(tokens) == keep:
             return np.empty((0, self.n_vocab), np.float32)
-        return self._decode(tokens[keep:], keep, rows, should_stop, progress)
+        return self._decode(tokens[keep:], keep, rows, should_stop, progress, view=view)
+
+    def sync_view(self, tokens: Sequence[int]) -> np.ndarray:
+        """sync(tokens)'s row after the last token as a view of llama.cpp's buffer, valid until this context's next
+        decode (any slot's): for a caller that reads it at once (a draft model catching up before it drafts)."""
+        return self.sync(tokens, view=True)[0]
 
     def truncate(self, n_past: int) -> None:
         """Forget every cached token at position >= n_past."""
@@ -255,7 +262,7 @@ class Slot:
         else:
             want = sorted({r % n if -n <= r < n else _bad_row(r, n) for r in rows})
         order = {r: i for i, r in enumerate(want)}
-        view = view and n <= self.n_batch and list(rows) == want
+        view = view and n <= self.n_batch and [r % n for r in rows] == want
         out = np.empty((0 if view else len(want), self.n_vocab), dtype=np.float32)
         if min(tokens) < 0 or max(tokens) >= self.n_vocab:
             raise BackendError(f"token id out of range [0, {self.n_vocab})")
