@@ -5,7 +5,8 @@
 llama-server is built from the llama-cpp-python sdist's vendor/llama.cpp, the sources edgespec's wheel is built from,
 with scripts/cmake_args.sh's CPU flags (bench/llamacpp_compare.py's fetch_sources unpacks them; configure with
 -DLLAMA_BUILD_SERVER=ON and build the llama-server target). Three servers, one at a time, each on the default pair:
-llama-server plain, llama-server with the draft model (-md), and edgespec serve (its default drafter). Each gets:
+llama-server plain, llama-server with the draft model (-md), and edgespec serve (its default drafter; edgespec-plain:
+`--no-draft`, on request with --only). Each gets:
 
 1. aggregate: `--streams` chat requests of `--tokens` tokens sent at once (temperature 0); tokens/s = all completion
    tokens / wall seconds from the first request to the last answer;
@@ -151,6 +152,7 @@ def main() -> None:
         "llama": common,
         "llama-md": common + ["-md", draft],
         "edgespec": [edgespec, "serve", "--parallel", str(a.parallel), "--log-level", "warning"],
+        "edgespec-plain": [edgespec, "serve", "--parallel", str(a.parallel), "--log-level", "warning", "--no-draft"],
     }
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "parallel": a.parallel,
                            "streams": a.streams, "tokens": a.tokens, "shorts": a.shorts, "long_tokens": a.long_tokens}
