@@ -16,6 +16,8 @@ can a costly drafter beat plain decoding here at all?
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import deque
 from typing import Mapping, Sequence, Union
@@ -103,9 +105,9 @@ class VerifyCurve:
         return VerifyCurve(self._points, alpha=self.alpha, frozen=self.frozen if frozen is None else frozen)
 
     def _rebuild(self) -> None:
-        ns = sorted(self._points)
-        self._ns = np.array(ns, dtype=float)
-        self._vs = np.maximum.accumulate(np.array([self._points[n] for n in ns], dtype=float))
+        # plain lists: a dozen points, rebuilt after every measured decode (numpy's per-call cost would dominate)
+        self._ns = sorted(self._points)
+        self._vs = list(itertools.accumulate((self._points[n] for n in self._ns), max))  # monotone
         self._memo: dict[int, float] = {}  # __call__'s values for this version (a cycle's planning asks dozens)
         self.version += 1
 
@@ -133,7 +135,11 @@ class VerifyCurve:
         if n >= ns[-1]:
             slope = (vs[-1] - vs[-2]) / (ns[-1] - ns[-2])
             return float(vs[-1] + (n - ns[-1]) * slope)
-        return float(np.interp(n, ns, vs))
+        j = bisect.bisect_right(ns, n) - 1  # ns[j] <= n < ns[j + 1]
+        if ns[j] == n:
+            return float(vs[j])
+        slope = (vs[j + 1] - vs[j]) / (ns[j + 1] - ns[j])  # np.interp's arithmetic
+        return float(slope * (n - ns[j]) + vs[j])
 
     def update(self, n: int, seconds: float) -> None:
         """Fold in one measured target decode of n tokens."""
