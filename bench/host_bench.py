@@ -6,6 +6,7 @@ acceptance, drafting bookkeeping, detokenization, scheduling), side by side with
     .venv/bin/python bench/host_bench.py --fake                 # the loop alone on instant fake models
     .venv/bin/python bench/host_bench.py --real --fake --json-out /tmp/host.json
     .venv/bin/python bench/host_bench.py --fit /tmp/host.json   # host ms per cycle and per row (predict_speedup --host-cost)
+                                                                # (from --real rows; from --fake rows: the warm-cache bound)
 
 --real: the default pair, 2 threads, `--prompts` prompts x `--tokens` tokens per row, prefill included (a fresh
 prompt each time: the prompt cache is cleared). Host time = each generation's wall time less the seconds inside
@@ -338,6 +339,29 @@ def fit_host(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def fit_fake(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The same two costs from the instant fake models' rates (`--fake`): plain, a token is one cycle and one row
+    (1 / rate = CYCLE + ROW); at k = 8 with every draft accepted, a cycle yields 9 tokens and handles 17 rows (9
+    verified, 8 drafted: 9 / rate = CYCLE + 17 ROW). With warm caches (no --evict-mb) these are what a host pays
+    whose caches no CPU decode evicts (a GPU's), the optimistic bound beside --fit's; milliseconds, per vocabulary
+    and setting."""
+    out: dict[str, dict[str, float]] = {}
+    for r0 in rows:
+        if r0.get("mode") != "plain":
+            continue
+        r8 = next((r for r in rows if r.get("mode") == "k=8" and r["vocab"] == r0["vocab"] and r["setting"] == r0["setting"]
+                   and r.get("evict_mb") == r0.get("evict_mb")), None)
+        if r8 is None:
+            continue
+        per_token, per_cycle8 = 1.0 / r0["tokens_per_second"], 9.0 / r8["tokens_per_second"]
+        row = max(0.0, (per_cycle8 - per_token) / 16.0)
+        cycle = max(0.0, per_token - row)
+        key = f"{r0['vocab']} {r0['setting']}" + (f" evict {r0['evict_mb']} MiB" if r0.get("evict_mb") else "")
+        out[key] = {"cycle_ms": 1000 * cycle, "row_ms": 1000 * row}
+        print(f"  fit fake {key:<38} host {1000 * cycle:.3f} ms/cycle + {1000 * row:.3f} ms/row", flush=True)
+    return out
+
+
 def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
     """llama.cpp's own C sampler chain on the same fake rows: what sampling one token costs there (the chain
     common/sampling.cpp builds, in its order: penalties, top-k, top-p, min-p, temperature, dist; greedy alone for
@@ -427,8 +451,9 @@ def main() -> None:
                          "outputs of this script (their edgespec rows together) and print it")
     args = ap.parse_args()
     if args.fit:
-        rows = [r for path in args.fit for r in json.loads(Path(path).read_text()).get("real", [])]
-        fit_host(rows)
+        docs = [json.loads(Path(path).read_text()) for path in args.fit]
+        fit_host([r for d in docs for r in d.get("real", [])])
+        fit_fake([r for d in docs for r in d.get("fake", [])])
         return
     if not (args.real or args.fake):
         ap.error("say --real, --fake or both")
@@ -436,6 +461,7 @@ def main() -> None:
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(), "argv": sys.argv[1:]}
     if args.fake:
         out["fake"] = run_fake(args)
+        out["fit_fake"] = fit_fake(out["fake"])
         if args.c_sampler:
             out["c_sampler"] = run_c_sampler(args)
     if args.real:
