@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--long-tokens", type=int, default=400)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--only", default="llama,llama-md,edgespec")
+    ap.add_argument("--rounds", type=int, default=1, help="aggregate rounds per server (each reported)")
+    ap.add_argument("--aggregate-only", action="store_true", help="leave out the short-request latencies")
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args()
     target, draft = str(resolve_model(None, "target")), str(resolve_model(None, "draft"))
@@ -156,16 +158,20 @@ def main() -> None:
     }
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "parallel": a.parallel,
                            "streams": a.streams, "tokens": a.tokens, "shorts": a.shorts, "long_tokens": a.long_tokens}
-    for name in a.only.split(","):
+    for i, name in enumerate(a.only.split(",")):
+        name_out = name if name not in out else f"{name} ({i + 1})"
         port = free_port()
         srv = Server(name, configs[name] + ["--port", str(port)], port)
         try:
             chat(srv.url, "warm up", 8)
-            out[name] = {"aggregate_tok_s": round(aggregate(srv.url, a.streams, a.tokens), 2),
-                         "short": short_latency(srv.url, a.shorts, a.long_tokens)}
+            rounds = [round(aggregate(srv.url, a.streams, a.tokens), 2) for _ in range(max(1, a.rounds))]
+            res: dict[str, Any] = {"aggregate_tok_s": rounds[0] if len(rounds) == 1 else rounds}
+            if not a.aggregate_only:
+                res["short"] = short_latency(srv.url, a.shorts, a.long_tokens)
         finally:
             srv.stop()
-        print(name, out[name], file=sys.stderr)
+        out[name_out] = res
+        print(name_out, res, file=sys.stderr)
     print(json.dumps(out, indent=1))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1))
