@@ -135,9 +135,10 @@ class Context:
             if spec.deterministic:
                 determinism.prepare_process()
             ngl = self._load()
-            # llama_decode returns before its work is done where a GPU or RPC servers run it; on this CPU alone it
-            # returns with the logits in place
-            self.asynchronous = bool(self.rpc) or (ngl != 0 and gpu_offload_supported())
+            # llama_decode may return before its work is done where RPC servers or a GPU run part of it (with no layers
+            # offloaded, llama.cpp may still send a large batch's products to the GPU); on a CPU-only build it returns
+            # with the logits in place
+            self.asynchronous = bool(self.rpc) or gpu_offload_supported()
             self._choose_threads(ngl)
             self._fit_memory(ngl, fit)
             self._create()

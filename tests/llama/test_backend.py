@@ -260,3 +260,32 @@ def test_snapshot_restore_equals_a_fresh_prefill(tiny):
         assert m.n_decoded - before == 1 and m.prompt_cache.restores == 1
         with Model(ModelSpec(tiny["target"], n_ctx=256, n_threads=1)) as fresh:
             assert np.max(np.abs(row - fresh.decode(ctx + [100], 0)[0])) < 1e-2
+
+
+@pytest.mark.parametrize("n_new", [1, 2])
+def test_a_decode_interrupted_before_its_bookkeeping_leaves_nothing_behind(target, monkeypatch, n_new):
+    """A decode that raises between llama_decode and its bookkeeping (a Ctrl-C there) leaves cells past `cached`
+    in llama.cpp; the next decode drops them first (the slot's `_beyond` mark), so its logits equal a clean cache's.
+    One token with a view (Slot._decode_one, the plain step) and two tokens (the general path); a decode that ran to
+    its end leaves no mark (it costs no llama.cpp call)."""
+    toks = _tokens(10, seed=7)
+    target.reset()
+    target.decode(toks[:6], 0)
+    clean = target.decode(toks[6:9], 6, (0, 1, 2))
+    target.reset()
+    target.decode(toks[:6], 0)
+    slot = target.slot(0)
+    assert not slot._beyond
+    calls = []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(type(slot.context), "logits_view", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            target.decode(toks[6:6 + n_new], 6, (n_new - 1,), view=True)
+    assert calls and target.n_past == 6 and slot._beyond  # llama.cpp holds n_new cells more than `cached`
+    again = target.decode(toks[6:9], 6, (0, 1, 2))
+    assert np.allclose(again, clean, atol=TOL) and not slot._beyond
