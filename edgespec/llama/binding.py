@@ -20,7 +20,6 @@ except (RuntimeError, OSError) as _e:  # llama_cpp raises RuntimeError when libl
     ) from None
 
 
-
 def _address_function(name: str) -> Any:
     """llama.cpp's `name` (one context argument, a pointer result) as a second ctypes function that returns the pointer
     as an int (None for NULL): no pointer object and no ctypes.cast per call (the binding's own keeps its types)."""

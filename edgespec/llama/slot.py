@@ -405,7 +405,10 @@ class Slot:
         the slot's bookkeeping (what its cache now holds)."""
         toks, want, n_paths = plan
         n = len(toks)
-        out = self.context.logits_view(first + len(want))[first:].copy()
+        if want:
+            out = self.context.logits_view(first + len(want))[first:].copy()
+        else:  # no rows asked (llama.cpp may have no logits buffer at all then)
+            out = np.empty((0, self.n_vocab), dtype=np.float32)
         start = self.n_past
         self.context.n_decoded += n
         if n_paths:
