@@ -102,6 +102,14 @@ def finite_argmax(x: np.ndarray) -> int:
     return i
 
 
+def finite_argmax_rows(x: np.ndarray) -> list[int]:
+    """finite_argmax of each row of a 2-D array, in one pass (the same rule and the same error)."""
+    idx = x.argmax(axis=1)
+    if not np.isfinite(x[np.arange(len(idx)), idx]).all():
+        raise NonFiniteLogitsError("logits must be finite or -inf with at least one finite value in every row")
+    return [int(i) for i in idx]
+
+
 def greedy(logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()) -> int:
     """The temperature-0 choice: argmax of the penalised logits, ties to the lowest token id."""
     return finite_argmax(apply_penalties(logits, params, history))

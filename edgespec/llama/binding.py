@@ -23,11 +23,7 @@ except (RuntimeError, OSError) as _e:  # llama_cpp raises RuntimeError when libl
 def _address_function(name: str) -> Any:
     """llama.cpp's `name` (one context argument, a pointer result) as a second ctypes function that returns the pointer
     as an int (None for NULL): no pointer object and no ctypes.cast per call (the binding's own keeps its types)."""
-    lib = getattr(getattr(C, "llama_cpp", None), "_lib", None)
-    if lib is None:  # another layout of the binding: through its own function
-        fn = getattr(C, name)
-        return lambda ctx: ctypes.cast(fn(ctx), ctypes.c_void_p).value
-    f = lib[name]  # indexing makes a new function object
+    f = C.llama_cpp._lib[name]  # the loaded libllama; indexing makes a new function object
     f.argtypes, f.restype = [ctypes.c_void_p], ctypes.c_void_p
     return f
 

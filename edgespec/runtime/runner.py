@@ -76,7 +76,7 @@ def generation_steps(
         if ended:
             tail = detok.flush()
             if tail:  # (logprobs still carried belong to this text; an end token's has no text and is dropped)
-                push(job, texts, Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None, pieces=[tail]))
+                job.push(Chunk(tail, [], False, list(job.logprob_carry) if logprobs is not None else None, pieces=[tail]), texts=texts)
     finally:
         steps.close()
         slots.last_rows.pop(slot, None)
@@ -121,9 +121,6 @@ def emit(job: Job, step: Step, detok: StreamingDetokenizer, ids: list[int], text
             return True
     return False
 
-def push(job: Job, texts: list[str], chunk: Chunk) -> None:
-    job.push(chunk, texts=texts)
-
 
 def threads_used(model: Slot, before: Mapping[str, int]) -> dict[str, Any]:
     """A model's thread choice for one generation: how it chooses, the count at the end, and (when it chooses by
@@ -134,4 +131,4 @@ def threads_used(model: Slot, before: Mapping[str, int]) -> dict[str, Any]:
     return info
 
 
-__all__ = ["Plan", "generation_steps", "emit", "push", "threads_used"]
+__all__ = ["Plan", "generation_steps", "emit", "threads_used"]

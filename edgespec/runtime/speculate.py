@@ -41,6 +41,7 @@ from edgespec.decoding.acceptance import Verdict, accept_coupled, accept_greedy,
 from edgespec.decoding.constraint import TokenConstraint, apply_mask
 from edgespec.decoding.sampling import NonFiniteLogitsError, PositionalUniforms, Probs, warp_probs
 from edgespec.decoding.sampling import greedy as greedy_token
+from edgespec.decoding.warp_spec import finite_argmax_rows
 from edgespec.decoding.tree import TokenTree, accept_tree, accept_tree_coupled, accept_tree_greedy
 from edgespec.drafting.base import Outcome, Proposal, Speculator
 from edgespec.errors import ConfigError, ContextFullError, StopRequested, non_finite_logits
@@ -89,17 +90,15 @@ def verify(
         if len(masks) < n_rows:
             raise ValueError(f"need a mask per row: {len(masks)} masks for {n_rows} rows")
         logits = np.stack([apply_mask(logits[i], masks[i]) for i in range(n_rows)])
-    if sampling.greedy and not uses_history and masks is None and n_rows > 1:
-        argmax = _row_argmax(logits)  # one pass over every row: the same choice as greedy_token's, row by row
-        if n_rows == k:
-            argmax.append(argmax[-1])
-        return accept_greedy(draft, argmax)
     if sampling.greedy:
-        argmax = []
-        for i in range(n_rows):
-            argmax.append(greedy_token(logits[i], sampling, ctx))
-            if i < k and uses_history:
-                ctx.append(draft[i])
+        if not uses_history and masks is None and n_rows > 1:  # a verify without penalties: the rows in one pass
+            argmax = finite_argmax_rows(logits)
+        else:
+            argmax = []
+            for i in range(n_rows):
+                argmax.append(greedy_token(logits[i], sampling, ctx))
+                if i < k and uses_history:
+                    ctx.append(draft[i])
         if n_rows == k:  # d_{k-1} is impossible for the target: its row is never reached as a bonus row
             argmax.append(argmax[-1])
         return accept_greedy(draft, argmax)
@@ -122,15 +121,6 @@ def verify(
     if not sampled_chances and any(q[i] is not None for i in range(examined)):
         return verdict
     return replace(verdict, chances=tuple(expected_acceptance(p[i], q[i], draft[i]) for i in range(examined)))
-
-
-def _row_argmax(logits: np.ndarray) -> list[int]:
-    """greedy_token of each row without penalties (the lowest index among the largest values), in one pass;
-    NonFiniteLogitsError where a row's largest value is NaN or +inf, or it has no finite value."""
-    idx = logits.argmax(axis=1)
-    if not np.isfinite(logits[np.arange(len(idx)), idx]).all():
-        raise NonFiniteLogitsError("logits must be finite or -inf with at least one finite value")
-    return [int(i) for i in idx]
 
 
 def _expected_acceptance(draft: Sequence[int], q: Sequence[Any], p: Sequence[Probs], stats: GenerationStats) -> None:

@@ -338,26 +338,27 @@ def test_max_tokens_and_eos(models, tmp_path):
 
 
 def test_a_greedy_verify_takes_every_rows_argmax_in_one_pass_with_greedy_tokens_rule():
-    """spec_mod._row_argmax (a greedy verify without penalties or masks) = greedy_token row by row on 200 random
+    """finite_argmax_rows (a greedy verify without penalties or masks) = greedy_token row by row on 200 random
     rows, and on rows with tied maxima (the lowest index, numpy's rule), -inf entries; a row whose largest value is NaN
     or +inf, or that has no finite value, raises NonFiniteLogitsError as greedy_token does."""
     from edgespec.decoding.sampling import NonFiniteLogitsError, greedy
+    from edgespec.decoding.warp_spec import finite_argmax_rows
 
     rng = np.random.default_rng(0)
     sp = SamplingParams(temperature=0.0)
     rows = rng.standard_normal((200, 50)).astype(np.float32)
     rows[::7, 3] = rows[::7, 30] = rows[::7].max(axis=1) + 1.0  # ties: 3 and 30
     rows[::5, 40:] = -np.inf
-    assert spec_mod._row_argmax(rows) == [greedy(r, sp) for r in rows]
-    assert all(spec_mod._row_argmax(rows)[i] == 3 for i in range(0, 200, 7))
+    assert finite_argmax_rows(rows) == [greedy(r, sp) for r in rows]
+    assert all(finite_argmax_rows(rows)[i] == 3 for i in range(0, 200, 7))
     for bad in (np.nan, np.inf):
         x = rows[:3].copy()
         x[1, 5] = bad
         with pytest.raises(NonFiniteLogitsError):
-            spec_mod._row_argmax(x)
+            finite_argmax_rows(x)
         with pytest.raises(NonFiniteLogitsError):
             greedy(x[1], sp)
     x = rows[:2].copy()
     x[0] = -np.inf
     with pytest.raises(NonFiniteLogitsError):
-        spec_mod._row_argmax(x)
+        finite_argmax_rows(x)
