@@ -4,13 +4,16 @@ and the next one's call, the time from each marked point of the engine to the ne
 
     .venv/bin/python bench/host_segments.py                   # plain greedy, 4 generations x 96 tokens
     .venv/bin/python bench/host_segments.py --drafter model   # the draft model at fixed k = 8
-    .venv/bin/python bench/host_segments.py --bare            # the floor: a bare llama.cpp loop, nothing of edgespec's
+    .venv/bin/python bench/host_segments.py --bare            # the floors: a bare llama.cpp loop, nothing of edgespec's
+    .venv/bin/python bench/host_segments.py --bare-chain      # the floor of a k = 8 cycle with the draft model
 
 How: the package is copied to a temporary folder and a `perf_counter` mark is written into the copy before each
 anchor line below (MARKS; a missing anchor stops the script naming it), so the checkout itself is never changed and
-each mark costs one list append. --bare: llama_decode through the binding and np.argmax of the row, one token at a
-time, with the same 2 threads: the host time any Python loop over this binding pays on this machine (its gap between
-decodes), with and without reading the row.
+each mark costs one list append. --bare: llama_decode through the binding, one token at a time, with the same 2
+threads, and between decodes only what a floor needs (floor_steps): nothing, the row's argmax, the argmax and the
+token's text handed to a reader thread, a sampled token by edgespec's warp or by llama.cpp's C sampler chain. The gap
+between decodes is the host time any Python loop over this binding pays on this machine for that much. --bare-chain:
+the same for a k = 8 cycle of the draft model and the target's 9-row verify (bare_chain).
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ import argparse
 import builtins
 import ctypes
 import collections
+import queue
 import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -106,6 +112,87 @@ def segments(args: argparse.Namespace) -> None:
         print(f"  {k:<42} {len(v):5d} x  median {1e6 * float(np.median(v)):7.1f} us   total {1000 * sum(v):7.1f} ms")
 
 
+def floor_steps(s: Any, rng: np.random.Generator) -> dict[str, Callable[[np.ndarray | None], int]]:
+    """What each floor does with a decode's row (None: the row is not read) before the next decode: the next token.
+    The row is a view of llama.cpp's logits buffer. Text: the token's bytes (llama_token_to_piece, cached per token
+    as the engine's vocabulary does) through edgespec's StreamingDetokenizer, handed to a reader thread that waits
+    on a queue (what any streaming engine must do per token). Sampled: edgespec's own warp (warp_probs) and one
+    draw, or llama.cpp's C sampler chain (common/sampling.cpp's order) on the row, its llama_token_data array filled
+    from the row first, as common_sampler_sample does."""
+    import llama_cpp as C
+    from edgespec.config import SamplingParams
+    from edgespec.decoding.detok import StreamingDetokenizer
+    from edgespec.decoding.sampling import sample
+    from edgespec.decoding.warp_fast import warp_probs
+
+    vocab = C.llama_model_get_vocab(s.model)
+    pieces: dict[int, bytes] = {}
+
+    def token_bytes(t: int) -> bytes:
+        hit = pieces.get(t)
+        if hit is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(vocab, t, buf, len(buf), 0, False)
+            hit = pieces[t] = buf.raw[: max(n, 0)]
+        return hit
+
+    detok = StreamingDetokenizer(token_bytes)
+    handed: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    got: list[str] = []
+
+    def reader() -> None:
+        while (text := handed.get()) is not None:
+            got.append(text)
+
+    threading.Thread(target=reader, daemon=True).start()  # ends at the process's end (a None is never needed)
+
+    def text(row: np.ndarray | None) -> int:
+        t = int(row.argmax())  # type: ignore[union-attr]
+        piece = detok.push((t,))
+        if piece:
+            handed.put(piece)
+        return t
+
+    llama_defaults = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    openai_defaults = SamplingParams(temperature=1.0)
+    token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+    data = np.zeros(s.n_vocab, dtype=token_data)
+    ids = np.arange(s.n_vocab, dtype=np.int32)
+    arr = C.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), s.n_vocab, -1, False)
+    chains = {}
+    for name, sp in (("llama.cpp's defaults", llama_defaults), ("OpenAI's defaults", openai_defaults)):
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        if sp.top_k:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(sp.top_k))
+        if sp.top_p < 1.0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(sp.top_p, 1))
+        if sp.min_p > 0.0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(sp.min_p, 1))
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(sp.temperature))
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(1234))
+        chains[name] = chain
+
+    def c_chain(chain: Any) -> Callable[[np.ndarray | None], int]:
+        def step(row: np.ndarray | None) -> int:
+            data["id"] = ids
+            data["logit"] = row
+            arr.data = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
+            arr.size, arr.selected, arr.sorted = s.n_vocab, -1, False
+            C.llama_sampler_apply(chain, ctypes.byref(arr))
+            return int(data["id"][arr.selected])
+        return step
+
+    return {
+        "decode alone (no row read)": lambda row: 100,
+        "argmax of the row": lambda row: int(row.argmax()),  # type: ignore[union-attr]
+        "argmax + the text to a reader thread": text,
+        "llama.cpp's defaults, edgespec's warp + a draw": lambda row: sample(warp_probs(row, llama_defaults), rng),  # type: ignore[arg-type]
+        "llama.cpp's defaults, llama.cpp's C chain": c_chain(chains["llama.cpp's defaults"]),
+        "OpenAI's defaults, edgespec's warp + a draw": lambda row: sample(warp_probs(row, openai_defaults), rng),  # type: ignore[arg-type]
+        "OpenAI's defaults, llama.cpp's C chain": c_chain(chains["OpenAI's defaults"]),
+    }
+
+
 def bare(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     from edgespec.bench.bare_loop import BareStepper
@@ -115,12 +202,14 @@ def bare(args: argparse.Namespace) -> None:
     s = BareStepper(str(resolve_model(None, "target")), 2048, args.threads)
     decode = s.C.llama_decode
     try:
-        for read in (True, False):
+        steps = floor_steps(s, np.random.default_rng(1234))
+        for what, step in steps.items():
             s.reset()
             row = s.decode(list(range(100, 130)), 0)[0]
             t, gaps, last, views = int(np.argmax(row)), [], None, {}
             b = s.batch
             b.n_tokens, b.logits[0], b.n_seq_id[0], b.seq_id[0][0] = 1, 1, 1, 0
+            read = what != "decode alone (no row read)"
             for _ in range(args.tokens):
                 b.token[0], b.pos[0] = t, s.n_past
                 t0 = time.perf_counter()
@@ -130,19 +219,92 @@ def bare(args: argparse.Namespace) -> None:
                     raise SystemExit("llama_decode failed")
                 last = time.perf_counter()
                 s.n_past += 1
+                view = None
                 if read:  # a view of llama.cpp's logits buffer, made once per address (as the engine's logits_view)
                     addr = logits_address(s.ctx)
                     view = views.get(addr)
                     if view is None:
                         views.clear()
                         view = views[addr] = np.frombuffer((ctypes.c_float * s.n_vocab).from_address(addr), dtype=np.float32)
-                    t = int(view.argmax())
-                else:
-                    t = 100
-            what = "decode + argmax of the row" if read else "decode alone (no row read)"
-            print(f"bare loop, {what}: gap between decodes median {1e6 * float(np.median(gaps)):.0f} us")
+                t = step(view)
+            print(f"bare loop, decode + {what}: gap between decodes median {1e6 * float(np.median(gaps)):.0f} us", flush=True)
     finally:
         s.close()
+
+
+def bare_chain(args: argparse.Namespace) -> None:
+    """The floor at k = 8 with the draft model, every draft taken: per cycle the draft decodes 8 tokens one by one (its
+    row read after each, as the floor's setting picks a token: argmax, or a warp and a draw), then the target decodes
+    the 9-token batch [last, d1..d8] with a row for each and every row is read the same way (a greedy verify: one
+    argmax pass over the 9 rows; edgespec's warp: each row warped and the draft's p read); the host time of a cycle
+    (the gaps between decodes) over its 9 tokens."""
+    sys.path.insert(0, str(ROOT))
+    from edgespec.bench.bare_loop import BareStepper
+    from edgespec.config import SamplingParams
+    from edgespec.decoding.sampling import sample
+    from edgespec.decoding.warp_fast import warp_probs
+    from edgespec.llama.binding import logits_address
+    from edgespec.models import resolve_model
+
+    target = BareStepper(str(resolve_model(None, "target")), 4096, args.threads)
+    draft = BareStepper(str(resolve_model(None, "draft")), 4096, args.threads)
+    rng = np.random.default_rng(1234)
+    llama_defaults = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    openai_defaults = SamplingParams(temperature=1.0)
+
+    def rows(s: Any, n: int) -> np.ndarray:
+        addr = logits_address(s.ctx)
+        return np.frombuffer((ctypes.c_float * (n * s.n_vocab)).from_address(addr), dtype=np.float32).reshape(n, s.n_vocab)
+
+    def decode(s: Any, tokens: list[int], all_rows: bool) -> float:
+        b = s.batch
+        b.n_tokens = len(tokens)
+        for i, t in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, s.n_past + i, 1, 0
+            b.logits[i] = all_rows or i == len(tokens) - 1
+        t0 = time.perf_counter()
+        if s.C.llama_decode(s.ctx, b) != 0:
+            raise SystemExit("llama_decode failed")
+        s.n_past += len(tokens)
+        return time.perf_counter() - t0
+
+    settings = {"greedy": None, "llama.cpp's defaults": llama_defaults, "OpenAI's defaults": openai_defaults}
+    try:
+        for name, sp in settings.items():
+            for m in (target, draft):
+                m.reset()
+            prompt = list(range(100, 130))
+            decode(target, prompt, False)
+            decode(draft, prompt[:-1], False)
+            t, d_in = int(rows(target, 1)[0].argmax()), [prompt[-1]]
+            per_cycle = []
+            for _ in range(max(4, args.tokens // 9)):
+                t0, spent = time.perf_counter(), 0.0
+                drafts = []
+                for i in range(8):
+                    spent += decode(draft, d_in + [t] if i == 0 else [drafts[-1]], False)
+                    d_in = []
+                    row = rows(draft, 1)[0]
+                    drafts.append(int(row.argmax()) if sp is None else sample(warp_probs(row, sp), rng))
+                spent += decode(target, [t] + drafts, True)
+                r = rows(target, 9)
+                if sp is None:
+                    t = int(r.argmax(axis=1)[-1])
+                else:
+                    taken = 0
+                    for i in range(9):
+                        probs = warp_probs(r[i], sp)
+                        if i < 8:  # the rule's draw (every draft is taken all the same: the floor of a full cycle)
+                            taken += probs.prob(drafts[i]) > rng.random()
+                        else:
+                            t = sample(probs, rng)
+                d_in = [drafts[-1]]
+                per_cycle.append(time.perf_counter() - t0 - spent)
+            print(f"bare chain k = 8, {name}: host {1e6 * float(np.median(per_cycle)):.0f} us per cycle, "
+                  f"{1e6 * float(np.median(per_cycle)) / 9:.0f} us per token", flush=True)
+    finally:
+        target.close()
+        draft.close()
 
 
 def main() -> None:
@@ -153,9 +315,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bare", action="store_true")
+    ap.add_argument("--bare-chain", action="store_true", help="the floor at k = 8 with the draft model")
     args = ap.parse_args()
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    bare(args) if args.bare else segments(args)
+    bare_chain(args) if args.bare_chain else bare(args) if args.bare else segments(args)
 
 
 if __name__ == "__main__":
