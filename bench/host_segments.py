@@ -46,7 +46,7 @@ MARKS = [
     ("runtime/speculate.py", "        self.accept(c)\n        self.observe(c)", "accept", True),
     ("runtime/speculate.py", "        self.observe(c)\n        return c", "observe", True),
     ("runtime/speculate.py", "yield cycle.step()", "step out", True),
-    ("runtime/runner.py", "yield None  # a cycle boundary", "text handed over", True),
+    ("runtime/runner.py", "                if not alone():\n", "text handed over", True),
     ("runtime/generation.py", "if self._quiet():", "worker loop", True),
     ("runtime/speculate.py", "proposal = self.speculator.propose(self.ctx + forced", "propose", True),
     ("runtime/speculate.py", "got = yield v", "decode asked", True),

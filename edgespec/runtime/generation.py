@@ -110,6 +110,7 @@ class Worker:
                 raise QueueFullError(f"{self.max_queue} generations are already waiting for the engine")
             job.worker_thread = self.thread
             job.kick = self._kick
+            job.alone = self._alone
             self._queue.append(job)
             self._kicked = True
             self._cond.notify_all()
@@ -162,6 +163,15 @@ class Worker:
         active = self._active
         return bool(active) and not self._queue and not self._stalled and not self._closed and any(
             not t.job.held() for t in active)
+
+    def _alone(self) -> bool:
+        """(The worker's thread, inside a generation's turn.) That generation is the only active one, its reader keeps
+        up, and nothing is queued, set aside or closing: a round would give it the next turn at once, so it may run its
+        own decodes through `execute` and go on past its cycle boundaries (runner.generation_steps) until this turns
+        false. Read without the lock, as _quiet: a submit or a cancel is seen at the generation's next cycle."""
+        active = self._active
+        return (len(active) == 1 and not self._queue and not self._stalled and not self._parked and not self._closed
+                and not active[0].job.held())
 
     def _idle(self) -> None:
         """Nothing can run (every generation is held, or set aside): sleep until a reader takes a chunk, a job is

@@ -29,6 +29,10 @@ class Chunk:
     pieces: list[str] | None = None
 
 
+def _never() -> bool:
+    return False
+
+
 class Job:
     """Something the worker runs with the contexts to itself. Holds no reference to a Generation handle."""
 
@@ -68,6 +72,9 @@ class Job:
         self.backlog: int | None = None
         self.held_since = 0.0  # when the worker first skipped it for its backlog (0: it is not held)
         self.kick: Callable[[], None] | None = None  # wakes the worker (set by Worker.submit)
+        # True while it is the only generation the worker could run and nothing waits for the worker (set by
+        # Worker.submit): it may run its own decodes and go past its cycle boundaries without handing back (runner.py)
+        self.alone: Callable[[], bool] = _never
 
     def cancel(self) -> None:
         self.cancel_event.set()

@@ -40,7 +40,9 @@ def generation_steps(
 ) -> Generator[Verify | None, Any, None]:
     """The worker's side of one generation, in `slot`: speculate over the plan, each step's text to the handle
     (ids, texts). Yields each cycle's target decode (a Verify: the worker sends back its logits) and None at each
-    cycle boundary (where the worker may let other generations run). rng: the generation's uniforms (see
+    cycle boundary (where the worker may let other generations run), except while `job.alone()` (Worker._alone: it
+    is the only generation the worker could run): then it runs its decode itself through the same `slots.execute`
+    and goes on to its next cycle without the worker's round in between. rng: the generation's uniforms (see
     Engine.generation_rng); costs_source: where the engine's costs came from (reported in the stats)."""
     target, draft = slots.models(slot)
     req, kind, spec, sampling = plan.request, plan.kind, plan.spec, plan.request.sampling
@@ -62,13 +64,21 @@ def generation_steps(
         ended = False
         try:
             item = next(steps)
+            alone = job.alone
             while True:
                 if isinstance(item, Verify):
-                    item = steps.send((yield item))
+                    if alone():  # the only generation the worker could run: its decode here, as the worker would
+                        got = slots.execute([item])[0]
+                        if isinstance(got, BaseException):
+                            raise got
+                        item = steps.send(got)
+                    else:
+                        item = steps.send((yield item))
                     continue
                 if emit(job, item, detok, ids, texts):
                     break
-                yield None  # a cycle boundary
+                if not alone():
+                    yield None  # a cycle boundary
                 cost.others = slots.rows_beside(slot)  # drafts are planned for the batch as a whole
                 item = next(steps)
         except StopIteration:

@@ -262,6 +262,47 @@ def test_worker_rounds_without_llama():
     assert log.count("S") == 4 and log.count("L") == 6
 
 
+def test_a_lone_generation_runs_on_until_another_needs_the_worker():
+    """Job.alone (Worker._alone): true while a generation is the only one the worker could run (it then runs its own
+    decodes, runner.generation_steps); false as soon as another job is queued, or its reader falls behind (held)."""
+    from edgespec.runtime.generation import Worker
+    from edgespec.runtime.job import Job
+
+    seen: list[bool] = []
+    second_in, go_on = threading.Event(), threading.Event()
+
+    def long_steps(job, slot):
+        seen.append(job.alone())
+        second_in.wait(10)  # the test queues another job meanwhile
+        seen.append(job.alone())
+        go_on.wait(10)
+        yield None
+        seen.append(job.alone())  # (the other one may be running beside it now, or have ended)
+        job.backlog = 1
+        job.items.append(object())  # its reader is behind
+        seen.append(job.alone())
+        job.items.clear()
+
+    def short_steps(job, slot):
+        yield None
+
+    w = Worker(None, parallel=2, execute=lambda reqs: [None] * len(reqs))
+    try:
+        a = Job(steps=long_steps, size=10)
+        w.submit(a)
+        while not seen:
+            threading.Event().wait(0.01)
+        b = Job(steps=short_steps, size=1)
+        w.submit(b)
+        second_in.set()
+        go_on.set()
+        assert b.done.wait(10) and a.done.wait(10)
+    finally:
+        w.shutdown()
+    assert seen[0] is True and seen[1] is False and seen[3] is False
+    assert Job(steps=short_steps).alone() is False  # never submitted: no worker, never alone
+
+
 def test_drafts_are_planned_for_the_batch_as_a_whole():
     """CostModel.others (rows other generations put in the same decode): on a flat, GPU-like curve a generation pays
     a share of one row plus everything its drafts add to the shared decode, so it drafts shorter beside others; on a
