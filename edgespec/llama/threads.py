@@ -11,12 +11,16 @@ generation and verification, batches of fewer than LARGE_FROM tokens) normalised
 It uses the count with the lowest estimate and now and then *probes* another count with a single decode:
 
 * a candidate whose estimate is older than `probe_after` seconds is probed (the interval doubles after each probe
-  that does not change the choice, up to `max_probe_after`; a change of choice resets it);
+  that does not change the choice, up to `max_probe_after`, or up to `max_probe_after_all` while the count in use is
+  the first candidate, all the cores: a load that arrives then slows the count in use and the rule below probes at
+  once, so the timer is only a safety net there; a change of choice resets it);
 * a candidate whose estimate was taken while the current count ran at another speed (the current estimate moved by
   more than `shift` since) is stale at once: the machine's load changed, so the comparison is made again. This is
   what follows a load change within a few decodes.
 
-One probe decode at a slower count costs a few decode times every few seconds (about 1-3% of the throughput).
+One probe decode at a slower count costs about one decode time more: every few seconds while a reduced count is in
+use (about 1-3% of the throughput), every half minute or so on a quiet machine (four streams on 2 cores probed 4-5
+of ~130 decodes, ~3% of the aggregate, before the longer interval).
 Prompt processing (large batches) runs with the current count and is never probed: a probe there would cost seconds.
 The class has no clock and no model: the caller passes `now` and the measured seconds (tests use fake timings).
 """
@@ -67,18 +71,22 @@ class ThreadTuner:
         alpha: float = 0.25,
         probe_after: float = 1.0,
         max_probe_after: float = 4.0,
+        max_probe_after_all: float = 32.0,
         shift: float = 1.3,
         min_gain: float = 1.1,
     ) -> None:
         cands = [int(c) for c in candidates]
         if not cands or any(c < 1 for c in cands) or len(set(cands)) != len(cands):
             raise ValueError(f"candidates must be distinct thread counts >= 1, got {list(candidates)}")
-        if not (0.0 < alpha <= 1.0) or probe_after <= 0 or max_probe_after < probe_after or shift <= 1.0 or min_gain < 1.0:
-            raise ValueError("need 0 < alpha <= 1, 0 < probe_after <= max_probe_after, shift > 1, min_gain >= 1")
+        if (not (0.0 < alpha <= 1.0) or probe_after <= 0 or max_probe_after < probe_after
+                or max_probe_after_all < max_probe_after or shift <= 1.0 or min_gain < 1.0):
+            raise ValueError("need 0 < alpha <= 1, 0 < probe_after <= max_probe_after <= max_probe_after_all, shift > 1, "
+                             "min_gain >= 1")
         self.candidates = tuple(cands)
         self.alpha = alpha
         self.base_probe_after = probe_after
         self.max_probe_after = max_probe_after
+        self.max_probe_after_all = max_probe_after_all
         self.shift = shift
         self.min_gain = min_gain
         self.current = cands[0]
@@ -152,7 +160,8 @@ class ThreadTuner:
                 if c != best:
                     e.ref = best_v if c == old else best_v * e.ref / old_v
         elif probed:
-            self.probe_after = min(2.0 * self.probe_after, self.max_probe_after)
+            cap = self.max_probe_after_all if self.current == self.candidates[0] else self.max_probe_after
+            self.probe_after = min(2.0 * self.probe_after, cap)
 
     def describe(self) -> dict[str, Any]:
         """For stats and reports: the candidates, the count in use and how often each ran."""

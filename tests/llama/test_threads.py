@@ -48,6 +48,22 @@ def test_quiet_machine_keeps_all_cores_and_probes_rarely():
     assert used.count(1) / len(used) < 0.02  # probes of the slower count: under 2% of the decodes
 
 
+def test_on_all_cores_the_timer_probes_rarely_and_a_load_is_still_seen_at_once():
+    """While the count in use is all the cores, the probe interval doubles up to max_probe_after_all (32 s), not
+    max_probe_after (4 s): 120 s of a quiet machine's decodes, the probes counted both ways (exactly, on fake
+    timings); then a busy core is still found within a few decodes (the slowdown makes the other count stale)."""
+    m = FakeMachine()
+    capped = ThreadTuner([2, 1], max_probe_after_all=4.0)
+    drive(capped, m, 0.0, 120.0)
+    tuner = ThreadTuner([2, 1])
+    now, _ = drive(tuner, m, 0.0, 120.0)
+    assert tuner.current == 2 and capped.current == 2
+    assert tuner.probes <= 8 < 25 <= capped.probes  # 1, 2, 4, 8, 16, 32, 32 ... s against 1, 2, 4, 4, 4 ... s
+    m.busy = True
+    _, used = drive(tuner, m, now, 3.0)
+    assert used.index(1) <= 4 and tuner.current == 1
+
+
 def test_a_busy_core_moves_to_one_thread_within_a_few_decodes_and_back_when_it_is_free():
     tuner, m = ThreadTuner([2, 1]), FakeMachine()
     now, _ = drive(tuner, m, 0.0, 5.0)
