@@ -2,7 +2,10 @@
 5 requests each, a random mix of streams read to the end, plain requests, streams closed early (some while still
 queued) and non-streaming requests that time out.
 
-It asserts that every surviving request completes with the output it would have had alone (greedy), that the
+It asserts that every surviving request completes with the output it would have had alone (greedy; up to a near-tie:
+in the default mode a position's logits depend a little on the batch it is decoded in, docs/determinism.md, so an
+answer may part from the alone one where the alone answer's top-2 log-probability gap is under NEAR_TIE, and only
+there; about one run in ten of the 200-request test parted at a gap of 1.5e-3), that the
 server's memory after the run is within 10% of before (after a warm-up round of the same mix), and that no request
 waits behind a cancelled one: a cancelled generation stops within one speculative cycle (the server's
 `cancel_overrun_tokens_max`), and one cancelled while queued never starts.
@@ -28,6 +31,10 @@ DRAFT_MAX = 4
 CYCLE = DRAFT_MAX + 1
 MAX_TOKENS = 160
 PROMPTS = ["Tell me a story", "abc abc abc", "What is speculative decoding?", "short"]
+# An answer beside others may part from its alone answer only at a position where the alone answer's top-2
+# log-probability gap is below this (the tiny F32 models, F16 cache: batch-dependent rounding moved a gap of 1.5e-3);
+# a clear decision must come out the same.
+NEAR_TIE = 0.01
 ACTIONS = ("stream", "full", "stream_drop", "stream_drop_early", "timeout")
 
 
@@ -65,17 +72,40 @@ def _body(prompt: str, max_tokens: int, stream: bool) -> dict:
     return {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens, "stream": stream}
 
 
-async def _client(url: str, rng: random.Random, expected: dict[str, str], outcomes: list[str],
+class Alone:
+    """A prompt's answer alone (greedy, one character per token in the tiny vocabulary's likely set) and its top-2
+    log-probability gap at each position."""
+
+    def __init__(self, url: str, prompt: str, max_tokens: int) -> None:
+        body = {**_body(prompt, max_tokens, False), "logprobs": True, "top_logprobs": 2}
+        choice = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        self.text = choice["message"]["content"]
+        tops = [t["top_logprobs"] for t in choice["logprobs"]["content"]]
+        self.gaps = [top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf") for top in tops]
+
+    def agrees(self, text: str, m: int) -> bool:
+        """`text`, an answer of m tokens, equals this answer's first m characters, or parts from them first at a
+        near-tie of the alone answer (the rest then follows that other token)."""
+        want = self.text[:m]
+        if text == want:
+            return True
+        i = next((j for j, (a, b) in enumerate(zip(text, want)) if a != b), min(len(text), len(want)))
+        return i < len(self.gaps) and self.gaps[i] < NEAR_TIE
+
+
+async def _client(url: str, rng: random.Random, expected: dict[str, Alone], outcomes: list[str],
                   per_client: int = PER_CLIENT, max_tokens: int = MAX_TOKENS) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
         for _ in range(per_client):
             prompt, m, action = rng.choice(PROMPTS), rng.randint(20, max_tokens), rng.choice(ACTIONS)
-            want = expected[prompt][:m]
+            alone = expected[prompt]
+            want = alone.text[:m]
             if action == "full":
                 r = await c.post("/v1/chat/completions", json=_body(prompt, m, False))
                 body = r.json()
                 assert r.status_code == 200, body
-                assert body["choices"][0]["message"]["content"] == want and body["choices"][0]["finish_reason"] == "length"
+                got = body["choices"][0]["message"]["content"]
+                assert alone.agrees(got, m) and body["choices"][0]["finish_reason"] == "length", (prompt, m, got, want)
                 outcomes.append("completed")
             elif action == "timeout":
                 try:
@@ -83,7 +113,8 @@ async def _client(url: str, rng: random.Random, expected: dict[str, str], outcom
                 except httpx.TimeoutException:
                     outcomes.append("left")
                 else:  # it finished first: then it must be complete and right
-                    assert r.json()["choices"][0]["message"]["content"] == want
+                    got = r.json()["choices"][0]["message"]["content"]
+                    assert alone.agrees(got, m), (prompt, m, got, want)
                     outcomes.append("completed")
             else:
                 keep = {"stream": None, "stream_drop": rng.randint(1, 6), "stream_drop_early": 0}[action]
@@ -105,14 +136,14 @@ async def _client(url: str, rng: random.Random, expected: dict[str, str], outcom
                         if keep is not None and n > keep:
                             break  # leave mid-stream (or right after the role chunk): the connection closes
                 if keep is None or done:
-                    assert done and text == want and finishes == ["length"], (prompt, m, text, want)
+                    assert done and alone.agrees(text, m) and finishes == ["length"], (prompt, m, text, want)
                     outcomes.append("completed")
                 else:
-                    assert want.startswith(text)
+                    assert alone.agrees(text, len(text)), (prompt, m, text, want)  # what it had read so far
                     outcomes.append("left")
 
 
-def _round(url: str, seed: int, expected: dict[str, str], clients: int = CLIENTS, per_client: int = PER_CLIENT,
+def _round(url: str, seed: int, expected: dict[str, Alone], clients: int = CLIENTS, per_client: int = PER_CLIENT,
            max_tokens: int = MAX_TOKENS) -> list[str]:
     outcomes: list[str] = []
 
@@ -135,11 +166,8 @@ def _settled(server: ServerProcess) -> dict[str, float]:
 
 
 def test_eight_clients_five_requests_with_random_disconnects(server):
-    expected = {}
-    for p in PROMPTS:
-        r = httpx.post(server.url + "/v1/chat/completions", json=_body(p, MAX_TOKENS, False), timeout=60).json()
-        expected[p] = r["choices"][0]["message"]["content"]
-        assert len(expected[p]) == MAX_TOKENS  # one character per token in the tiny vocabulary's likely set
+    expected = {p: Alone(server.url, p, MAX_TOKENS) for p in PROMPTS}
+    assert all(len(a.text) == len(a.gaps) == MAX_TOKENS for a in expected.values())  # one character per token
     t0 = time.monotonic()
     warm = _round(server.url, 1, expected)  # warm-up: the same mix, so that caches and pools reach their size
     _settled(server)
@@ -181,10 +209,7 @@ def test_two_hundred_concurrent_requests_with_random_cancels_over_four_slots(slo
     output alone, the server answers afterwards, its memory after the second round is within 10% of after the first,
     no error and no 5xx, and the slots are all free at the end."""
     server = slots_server
-    expected = {}
-    for p in PROMPTS:
-        r = httpx.post(server.url + "/v1/chat/completions", json=_body(p, MAX_TOKENS, False), timeout=60).json()
-        expected[p] = r["choices"][0]["message"]["content"]
+    expected = {p: Alone(server.url, p, MAX_TOKENS) for p in PROMPTS}
     props = httpx.get(server.url + "/props").json()
     assert props["total_slots"] == 4
     warm = _round(server.url, 3, expected, MANY, 1, MANY_TOKENS)
@@ -201,5 +226,5 @@ def test_two_hundred_concurrent_requests_with_random_cancels_over_four_slots(slo
     served = {k: v for k, v in m1.items() if k.startswith("edgespec_http_requests_total") and 'route="/health"' not in k}
     assert not any('code="5' in k and v for k, v in served.items()), served  # (/health said 503 while loading)
     r = httpx.post(server.url + "/v1/chat/completions", json=_body(PROMPTS[0], 30, False), timeout=60).json()
-    assert r["choices"][0]["message"]["content"] == expected[PROMPTS[0]][:30]
+    assert expected[PROMPTS[0]].agrees(r["choices"][0]["message"]["content"], 30)  # (its prefix may come from a cache made in a batch)
     assert server.proc.poll() is None
