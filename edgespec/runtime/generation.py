@@ -169,9 +169,7 @@ class Worker:
         up, and nothing is queued, set aside or closing: a round would give it the next turn at once, so it may run its
         own decodes through `execute` and go on past its cycle boundaries (runner.generation_steps) until this turns
         false. Read without the lock, as _quiet: a submit or a cancel is seen at the generation's next cycle."""
-        active = self._active
-        return (len(active) == 1 and not self._queue and not self._stalled and not self._parked and not self._closed
-                and not active[0].job.held())
+        return len(self._active) == 1 and not self._parked and self._quiet()
 
     def _idle(self) -> None:
         """Nothing can run (every generation is held, or set aside): sleep until a reader takes a chunk, a job is
