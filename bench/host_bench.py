@@ -362,58 +362,77 @@ def fit_fake(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+class CSampler:
+    """llama.cpp's own C sampler chain for one setting (SETTINGS' kwargs): the chain common/sampling.cpp builds, in its
+    order (penalties, top-k, top-p, min-p, temperature, dist; greedy alone for T = 0). Called with a float32 row, it
+    fills its llama_token_data array from the row, as common_sampler_sample does, applies the chain and accepts the
+    token it picked; close() frees the chain."""
+
+    def __init__(self, n_vocab: int, kw: dict[str, Any]) -> None:
+        import ctypes
+
+        import llama_cpp as C
+
+        self.C, self.ctypes, self.n_vocab = C, ctypes, n_vocab
+        token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+        assert token_data.itemsize == ctypes.sizeof(C.llama_token_data)
+        self.data = np.zeros(n_vocab, dtype=token_data)
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+        self.arr = C.llama_token_data_array(self.data.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), n_vocab, -1, False)
+        chain = self.chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        if kw["temperature"] == 0.0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
+            return
+        if kw.get("repeat_penalty"):
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
+                n_vocab, kw["repeat_last_n"], kw["repeat_penalty"], kw["frequency_penalty"], kw["presence_penalty"]))
+        if kw.get("top_k"):
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(kw["top_k"]))
+        if kw.get("top_p", 1.0) < 1.0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(kw["top_p"], 1))
+        if kw.get("min_p", 0.0) > 0.0:
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(kw["min_p"], 1))
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(kw["temperature"]))
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(1234))
+
+    def __call__(self, row: np.ndarray) -> int:
+        C, data, arr = self.C, self.data, self.arr
+        data["id"] = self.ids
+        data["logit"] = row
+        arr.data = data.ctypes.data_as(self.ctypes.POINTER(C.llama_token_data))
+        arr.size, arr.selected, arr.sorted = self.n_vocab, -1, False
+        C.llama_sampler_apply(self.chain, self.ctypes.byref(arr))
+        token = int(data["id"][arr.selected])
+        C.llama_sampler_accept(self.chain, token)
+        return token
+
+    def close(self) -> None:
+        self.C.llama_sampler_free(self.chain)
+
+
 def run_c_sampler(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """llama.cpp's own C sampler chain on the same fake rows: what sampling one token costs there (the chain
-    common/sampling.cpp builds, in its order: penalties, top-k, top-p, min-p, temperature, dist; greedy alone for
-    T = 0), including the fill of its llama_token_data array from the row, as common_sampler_sample does. Tokens
-    per second of that alone (no loop around it); the plain rows of the fake table are the loop's comparison."""
-    import ctypes
-
-    import llama_cpp as C
-
+    """llama.cpp's own C sampler chain (CSampler) on the same fake rows: what sampling one token costs there,
+    including the fill of its llama_token_data array from the row. Tokens per second of that alone (no loop around
+    it); the plain rows of the fake table are the loop's comparison."""
     clock = time.process_time if args.cpu_time else time.perf_counter
-    token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-    assert token_data.itemsize == ctypes.sizeof(C.llama_token_data)
     rows = []
     for n_vocab in args.vocab:
         table = fake_table(n_vocab)
-        data = np.zeros(n_vocab, dtype=token_data)
-        ids = np.arange(n_vocab, dtype=np.int32)
-        arr = C.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), n_vocab, -1, False)
         for name, kw, _ in SETTINGS:
             if name not in args.settings:
                 continue
-            chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-            if kw["temperature"] == 0.0:
-                C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())
-            else:
-                if kw.get("repeat_penalty"):
-                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_penalties(
-                        n_vocab, kw["repeat_last_n"], kw["repeat_penalty"], kw["frequency_penalty"], kw["presence_penalty"]))
-                if kw.get("top_k"):
-                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(kw["top_k"]))
-                if kw.get("top_p", 1.0) < 1.0:
-                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(kw["top_p"], 1))
-                if kw.get("min_p", 0.0) > 0.0:
-                    C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(kw["min_p"], 1))
-                C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(kw["temperature"]))
-                C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(1234))
+            sampler = CSampler(n_vocab, kw)
             try:
                 best = None
                 n = max(200, args.fake_tokens // 4)
                 for _ in range(args.repeats):
                     t0 = clock()
                     for i in range(n):
-                        data["id"] = ids
-                        data["logit"] = table[i % table.shape[0]]
-                        arr.data = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
-                        arr.size, arr.selected, arr.sorted = n_vocab, -1, False
-                        C.llama_sampler_apply(chain, ctypes.byref(arr))
-                        C.llama_sampler_accept(chain, int(data["id"][arr.selected]))
+                        sampler(table[i % table.shape[0]])
                     dt = clock() - t0
                     best = n / dt if best is None else max(best, n / dt)
             finally:
-                C.llama_sampler_free(chain)
+                sampler.close()
             rows.append(dict(system="llama.cpp C sampler", vocab=n_vocab, setting=name, tokens_per_second=best))
             print(f"  C sampler V={n_vocab:<7} {name:<20} {best:8.0f} tokens/s (sampling alone)", flush=True)
     return rows

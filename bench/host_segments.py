@@ -112,14 +112,22 @@ def segments(args: argparse.Namespace) -> None:
         print(f"  {k:<42} {len(v):5d} x  median {1e6 * float(np.median(v)):7.1f} us   total {1000 * sum(v):7.1f} ms")
 
 
+def sampled_settings() -> dict[str, dict[str, Any]]:
+    """The two sampled settings the floors use, as host_bench.py's SETTINGS has them (SamplingParams kwargs)."""
+    from host_bench import SETTINGS
+
+    return {name: kw for name, kw, _ in SETTINGS if name in ("llama.cpp defaults", "OpenAI defaults")}
+
+
 def floor_steps(s: Any, rng: np.random.Generator) -> dict[str, Callable[[np.ndarray | None], int]]:
     """What each floor does with a decode's row (None: the row is not read) before the next decode: the next token.
     The row is a view of llama.cpp's logits buffer. Text: the token's bytes (llama_token_to_piece, cached per token
     as the engine's vocabulary does) through edgespec's StreamingDetokenizer, handed to a reader thread that waits
     on a queue (what any streaming engine must do per token). Sampled: edgespec's own warp (warp_probs) and one
-    draw, or llama.cpp's C sampler chain (common/sampling.cpp's order) on the row, its llama_token_data array filled
-    from the row first, as common_sampler_sample does."""
+    draw, or llama.cpp's C sampler chain on the row (host_bench.CSampler: its llama_token_data array filled from the
+    row first, as common_sampler_sample does)."""
     import llama_cpp as C
+    from host_bench import CSampler
     from edgespec.config import SamplingParams
     from edgespec.decoding.detok import StreamingDetokenizer
     from edgespec.decoding.sampling import sample
@@ -153,44 +161,18 @@ def floor_steps(s: Any, rng: np.random.Generator) -> dict[str, Callable[[np.ndar
             handed.put(piece)
         return t
 
-    llama_defaults = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-    openai_defaults = SamplingParams(temperature=1.0)
-    token_data = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-    data = np.zeros(s.n_vocab, dtype=token_data)
-    ids = np.arange(s.n_vocab, dtype=np.int32)
-    arr = C.llama_token_data_array(data.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), s.n_vocab, -1, False)
-    chains = {}
-    for name, sp in (("llama.cpp's defaults", llama_defaults), ("OpenAI's defaults", openai_defaults)):
-        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        if sp.top_k:
-            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(sp.top_k))
-        if sp.top_p < 1.0:
-            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_p(sp.top_p, 1))
-        if sp.min_p > 0.0:
-            C.llama_sampler_chain_add(chain, C.llama_sampler_init_min_p(sp.min_p, 1))
-        C.llama_sampler_chain_add(chain, C.llama_sampler_init_temp(sp.temperature))
-        C.llama_sampler_chain_add(chain, C.llama_sampler_init_dist(1234))
-        chains[name] = chain
+    def warped(sp: SamplingParams) -> Callable[[np.ndarray | None], int]:
+        return lambda row: sample(warp_probs(row, sp), rng)  # type: ignore[arg-type]
 
-    def c_chain(chain: Any) -> Callable[[np.ndarray | None], int]:
-        def step(row: np.ndarray | None) -> int:
-            data["id"] = ids
-            data["logit"] = row
-            arr.data = data.ctypes.data_as(ctypes.POINTER(C.llama_token_data))
-            arr.size, arr.selected, arr.sorted = s.n_vocab, -1, False
-            C.llama_sampler_apply(chain, ctypes.byref(arr))
-            return int(data["id"][arr.selected])
-        return step
-
-    return {
+    steps: dict[str, Callable[[np.ndarray | None], int]] = {
         "decode alone (no row read)": lambda row: 100,
         "argmax of the row": lambda row: int(row.argmax()),  # type: ignore[union-attr]
         "argmax + the text to a reader thread": text,
-        "llama.cpp's defaults, edgespec's warp + a draw": lambda row: sample(warp_probs(row, llama_defaults), rng),  # type: ignore[arg-type]
-        "llama.cpp's defaults, llama.cpp's C chain": c_chain(chains["llama.cpp's defaults"]),
-        "OpenAI's defaults, edgespec's warp + a draw": lambda row: sample(warp_probs(row, openai_defaults), rng),  # type: ignore[arg-type]
-        "OpenAI's defaults, llama.cpp's C chain": c_chain(chains["OpenAI's defaults"]),
     }
+    for name, kw in sampled_settings().items():
+        steps[f"{name}, edgespec's warp + a draw"] = warped(SamplingParams(**kw))
+        steps[f"{name}, llama.cpp's C chain"] = CSampler(s.n_vocab, kw)  # type: ignore[assignment]
+    return steps
 
 
 def bare(args: argparse.Namespace) -> None:
@@ -220,7 +202,7 @@ def bare(args: argparse.Namespace) -> None:
                 last = time.perf_counter()
                 s.n_past += 1
                 view = None
-                if read:  # a view of llama.cpp's logits buffer, made once per address (as the engine's logits_view)
+                if read:  # a 1-D view of llama.cpp's buffer, made once per address (inline: the floor's own cost is its point)
                     addr = logits_address(s.ctx)
                     view = views.get(addr)
                     if view is None:
@@ -243,32 +225,23 @@ def bare_chain(args: argparse.Namespace) -> None:
     from edgespec.config import SamplingParams
     from edgespec.decoding.sampling import sample
     from edgespec.decoding.warp_fast import warp_probs
-    from edgespec.llama.binding import logits_address
     from edgespec.models import resolve_model
 
     target = BareStepper(str(resolve_model(None, "target")), 4096, args.threads)
     draft = BareStepper(str(resolve_model(None, "draft")), 4096, args.threads)
     rng = np.random.default_rng(1234)
-    llama_defaults = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-    openai_defaults = SamplingParams(temperature=1.0)
-
-    def rows(s: Any, n: int) -> np.ndarray:
-        addr = logits_address(s.ctx)
-        return np.frombuffer((ctypes.c_float * (n * s.n_vocab)).from_address(addr), dtype=np.float32).reshape(n, s.n_vocab)
 
     def decode(s: Any, tokens: list[int], all_rows: bool) -> float:
-        b = s.batch
-        b.n_tokens = len(tokens)
-        for i, t in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, s.n_past + i, 1, 0
-            b.logits[i] = all_rows or i == len(tokens) - 1
+        """llama_decode of `tokens` at s.n_past; the seconds inside the call alone."""
+        s.fill(tokens, s.n_past, all_rows)
         t0 = time.perf_counter()
-        if s.C.llama_decode(s.ctx, b) != 0:
+        if s.C.llama_decode(s.ctx, s.batch) != 0:
             raise SystemExit("llama_decode failed")
         s.n_past += len(tokens)
         return time.perf_counter() - t0
 
-    settings = {"greedy": None, "llama.cpp's defaults": llama_defaults, "OpenAI's defaults": openai_defaults}
+    settings: dict[str, SamplingParams | None] = {"greedy": None}
+    settings.update({name: SamplingParams(**kw) for name, kw in sampled_settings().items()})
     try:
         for name, sp in settings.items():
             for m in (target, draft):
@@ -276,7 +249,7 @@ def bare_chain(args: argparse.Namespace) -> None:
             prompt = list(range(100, 130))
             decode(target, prompt, False)
             decode(draft, prompt[:-1], False)
-            t, d_in = int(rows(target, 1)[0].argmax()), [prompt[-1]]
+            t, d_in = int(target.rows(1)[0].argmax()), [prompt[-1]]
             per_cycle = []
             for _ in range(max(4, args.tokens // 9)):
                 t0, spent = time.perf_counter(), 0.0
@@ -284,10 +257,10 @@ def bare_chain(args: argparse.Namespace) -> None:
                 for i in range(8):
                     spent += decode(draft, d_in + [t] if i == 0 else [drafts[-1]], False)
                     d_in = []
-                    row = rows(draft, 1)[0]
+                    row = draft.rows(1)[0]
                     drafts.append(int(row.argmax()) if sp is None else sample(warp_probs(row, sp), rng))
                 spent += decode(target, [t] + drafts, True)
-                r = rows(target, 9)
+                r = target.rows(9)
                 if sp is None:
                     t = int(r.argmax(axis=1)[-1])
                 else:

@@ -8,6 +8,7 @@ logits, n_past. Importing this module loads nothing of llama.cpp; a BareStepper 
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ class BareStepper:
     backend.Model for what the loops here use: reset(), decode(tokens, pos) -> the last row's logits, n_past."""
 
     def __init__(self, path: str, n_ctx: int, threads: int) -> None:
-        from edgespec.llama.binding import C
+        from edgespec.llama.binding import C, logits_address
         from edgespec.llama.context import init_llama
 
         init_llama()  # as backend.Model does (backend, log callback)
@@ -37,17 +38,36 @@ class BareStepper:
         self.n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(self.model))
         self.batch = C.llama_batch_init(max(2048, n_ctx), 0, 1)
         self.n_past = 0
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._logits_address = logits_address
 
     def reset(self) -> None:
         self.C.llama_memory_clear(self.mem, True)
         self.n_past = 0
 
-    def decode(self, tokens: list[int], pos: int) -> np.ndarray:
+    def fill(self, tokens: list[int], pos: int, all_rows: bool = False) -> None:
+        """The batch holds `tokens` at positions pos.. in sequence 0, with logits for the last row (every row)."""
         b = self.batch
         b.n_tokens = len(tokens)
         for i, t in enumerate(tokens):
             b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = t, pos + i, 1, 0
-            b.logits[i] = i == len(tokens) - 1
+            b.logits[i] = all_rows or i == len(tokens) - 1
+
+    def rows(self, n: int) -> np.ndarray:
+        """The last decode's first n output rows as a view of llama.cpp's logits buffer, made once per (address, n)
+        as the engine's Context.logits_view is (valid until the next decode)."""
+        addr = self._logits_address(self.ctx)
+        view = self._views.get((addr, n))
+        if view is None:
+            if any(a != addr for a, _ in self._views):
+                self._views.clear()
+            buf = (ctypes.c_float * (n * self.n_vocab)).from_address(addr)
+            view = self._views[(addr, n)] = np.frombuffer(buf, dtype=np.float32).reshape(n, self.n_vocab)
+        return view
+
+    def decode(self, tokens: list[int], pos: int) -> np.ndarray:
+        b = self.batch
+        self.fill(tokens, pos)
         if self.C.llama_decode(self.ctx, b) != 0:
             raise RuntimeError("llama_decode failed")
         self.n_past += len(tokens)
